@@ -1,0 +1,369 @@
+//! Configuration: the TOML file ([`raw`]) turned into a validated [`Config`].
+//!
+//! Every check happens here, once, at load: addresses parse, durations are positive,
+//! Partner names and routes are unique, URLs are usable, paths are resolved against the
+//! config file's folder. Nothing is re-checked per request. Errors name the key.
+//! Must not: read certificate contents (that is `tls`), or touch the network.
+
+pub mod raw;
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+use crate::identity::Aic;
+use crate::jsonrpc::Method;
+pub use raw::ClientAuthMode;
+use raw::{RawConfig, RawPartner};
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it came from, if any.
+    pub source: Option<PathBuf>,
+    /// The listener.
+    pub listener: ListenerConfig,
+    /// DNS suffix of v1-profile AIC names.
+    pub aic_domain_suffix: String,
+    /// Largest request body accepted.
+    pub max_body_bytes: usize,
+    /// Partner connection settings.
+    pub upstream: UpstreamConfig,
+    /// The Partners, in file order.
+    pub partners: Vec<PartnerConfig>,
+}
+
+/// `[listener]`, validated. Field meanings and defaults: see [`raw::RawListener`].
+#[derive(Debug, Clone)]
+#[allow(missing_docs)]
+pub struct ListenerConfig {
+    pub bind: SocketAddr,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Vec<PathBuf>,
+    pub crl: Vec<PathBuf>,
+    pub client_auth: ClientAuthMode,
+    pub allow_expired_crl: bool,
+    pub allow_unknown_revocation_status: bool,
+    pub handshake_timeout: Duration,
+    pub header_read_timeout: Duration,
+    pub body_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub max_connections: usize,
+    pub http2_max_concurrent_streams: u32,
+    pub drain_timeout: Duration,
+}
+
+/// `[upstream]`, validated. Field meanings and defaults: see [`raw::RawUpstream`].
+#[derive(Debug, Clone)]
+#[allow(missing_docs)]
+pub struct UpstreamConfig {
+    pub connect_timeout: Duration,
+    pub response_timeout: Duration,
+    pub pool_idle_timeout: Duration,
+    pub pool_max_idle_per_host: usize,
+}
+
+/// One Partner, validated.
+#[derive(Debug, Clone)]
+pub struct PartnerConfig {
+    /// Unique name.
+    pub name: String,
+    /// Normalized path prefix (`/` or `/a/b`, no trailing slash).
+    pub prefix: String,
+    /// Lowercase host names; empty = any.
+    pub hosts: Vec<String>,
+    /// Upstream base URLs.
+    pub upstreams: Vec<http::Uri>,
+    /// The Partner's own AIC, checked in its certificate over https.
+    pub aic: Option<Aic>,
+    /// Upstream path for each method, indexed by [`Method::index`].
+    pub paths: [String; Method::ALL.len()],
+    /// TLS to the Partner.
+    pub tls: Option<PartnerTlsConfig>,
+}
+
+/// `[partner.tls]`, with resolved paths.
+#[derive(Debug, Clone)]
+pub struct PartnerTlsConfig {
+    /// CA bundle for the Partner's server certificate.
+    pub ca: PathBuf,
+    /// Gateway client certificate and key, for mutual TLS.
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+    /// Name to verify instead of the URL host.
+    pub server_name: Option<String>,
+}
+
+/// The default upstream path of each method.
+pub fn default_path(method: Method) -> &'static str {
+    match method {
+        Method::Rpc => "/rpc",
+        Method::Stream => "/stream",
+        Method::NotificationSet => "/notification/set",
+        Method::NotificationGet => "/notification/get",
+        Method::NotificationDelete => "/notification/delete",
+        Method::NotificationStart => "/notification/start",
+        Method::Group => "/group/rpc",
+    }
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> anyhow::Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config file {}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let mut cfg = Config::parse(&text, base)
+            .with_context(|| format!("invalid config file {}", path.display()))?;
+        cfg.source = Some(path.to_path_buf());
+        Ok(cfg)
+    }
+
+    /// Parses and validates TOML text; relative paths are resolved against `base`.
+    pub fn parse(text: &str, base: &Path) -> anyhow::Result<Config> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+        Config::from_raw(raw, base)
+    }
+
+    fn from_raw(raw: RawConfig, base: &Path) -> anyhow::Result<Config> {
+        let resolve = |p: &Path| -> PathBuf {
+            if p.is_absolute() {
+                p.to_path_buf()
+            } else {
+                base.join(p)
+            }
+        };
+        let l = raw.listener;
+        let bind: SocketAddr = l
+            .bind
+            .parse()
+            .with_context(|| format!("listener.bind: {:?} is not an address:port", l.bind))?;
+        if l.client_ca.is_empty() {
+            bail!("listener.client_ca: at least one CA bundle is required");
+        }
+        for (key, d) in [
+            ("listener.handshake_timeout", l.handshake_timeout),
+            ("listener.header_read_timeout", l.header_read_timeout),
+            ("listener.body_read_timeout", l.body_read_timeout),
+            ("listener.idle_timeout", l.idle_timeout),
+            ("upstream.connect_timeout", raw.upstream.connect_timeout),
+            ("upstream.response_timeout", raw.upstream.response_timeout),
+        ] {
+            if d.is_zero() {
+                bail!("{key}: must be greater than zero");
+            }
+        }
+        if l.max_connections == 0 {
+            bail!("listener.max_connections: must be at least 1");
+        }
+        if l.http2_max_concurrent_streams == 0 {
+            bail!("listener.http2_max_concurrent_streams: must be at least 1");
+        }
+        if raw.limits.max_body_bytes == 0 {
+            bail!("limits.max_body_bytes: must be at least 1");
+        }
+        let suffix = raw.identity.aic_domain_suffix.trim_matches('.').to_owned();
+        if suffix.is_empty() {
+            bail!("identity.aic_domain_suffix: must not be empty");
+        }
+        let listener = ListenerConfig {
+            bind,
+            cert: resolve(&l.cert),
+            key: resolve(&l.key),
+            client_ca: l.client_ca.iter().map(|p| resolve(p)).collect(),
+            crl: l.crl.iter().map(|p| resolve(p)).collect(),
+            client_auth: l.client_auth,
+            allow_expired_crl: l.allow_expired_crl,
+            allow_unknown_revocation_status: l.allow_unknown_revocation_status,
+            handshake_timeout: l.handshake_timeout,
+            header_read_timeout: l.header_read_timeout,
+            body_read_timeout: l.body_read_timeout,
+            idle_timeout: l.idle_timeout,
+            max_connections: l.max_connections,
+            http2_max_concurrent_streams: l.http2_max_concurrent_streams,
+            drain_timeout: l.drain_timeout,
+        };
+        let mut names = HashSet::new();
+        let mut routes = HashSet::new();
+        let mut partners = Vec::with_capacity(raw.partners.len());
+        for (i, p) in raw.partners.into_iter().enumerate() {
+            let key = format!("partner[{i}] ({})", p.name);
+            let partner = partner_from_raw(p, &resolve).with_context(|| key.clone())?;
+            if !names.insert(partner.name.clone()) {
+                bail!("{key}.name: another Partner has this name");
+            }
+            let hosts: Vec<Option<String>> = if partner.hosts.is_empty() {
+                vec![None]
+            } else {
+                partner.hosts.iter().cloned().map(Some).collect()
+            };
+            for h in hosts {
+                if !routes.insert((partner.prefix.clone(), h.clone())) {
+                    bail!(
+                        "{key}.prefix: another Partner already has prefix {} for {}",
+                        partner.prefix,
+                        h.as_deref().unwrap_or("any host")
+                    );
+                }
+            }
+            partners.push(partner);
+        }
+        Ok(Config {
+            source: None,
+            listener,
+            aic_domain_suffix: suffix,
+            max_body_bytes: raw.limits.max_body_bytes,
+            upstream: UpstreamConfig {
+                connect_timeout: raw.upstream.connect_timeout,
+                response_timeout: raw.upstream.response_timeout,
+                pool_idle_timeout: raw.upstream.pool_idle_timeout,
+                pool_max_idle_per_host: raw.upstream.pool_max_idle_per_host,
+            },
+            partners,
+        })
+    }
+}
+
+fn partner_from_raw(
+    p: RawPartner,
+    resolve: &dyn Fn(&Path) -> PathBuf,
+) -> anyhow::Result<PartnerConfig> {
+    if p.name.is_empty() {
+        bail!("name: must not be empty");
+    }
+    let prefix = normalize_prefix(&p.prefix).context("prefix")?;
+    if p.upstreams.is_empty() {
+        bail!("upstreams: at least one upstream URL is required");
+    }
+    let mut upstreams = Vec::new();
+    for (j, u) in p.upstreams.iter().enumerate() {
+        let uri: http::Uri = u
+            .parse()
+            .with_context(|| format!("upstreams[{j}]: {u:?} is not a URL"))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some("https") if p.tls.is_some() => {}
+            Some("https") => bail!("upstreams[{j}]: an https upstream needs [partner.tls] with a ca"),
+            _ => bail!("upstreams[{j}]: {u:?} must start with http:// or https://"),
+        }
+        if uri.authority().is_none() || uri.query().is_some() {
+            bail!("upstreams[{j}]: {u:?} must be scheme://host:port[/base-path]");
+        }
+        upstreams.push(uri);
+    }
+    let aic = p
+        .aic
+        .as_deref()
+        .map(|a| Aic::parse(a).map_err(|e| anyhow::anyhow!("aic: {a:?}: {e}")))
+        .transpose()?;
+    let mut paths = Method::ALL.map(|m| default_path(m).to_owned());
+    for (name, path) in p.paths {
+        let m = Method::from_name(&name)
+            .with_context(|| format!("paths.{name}: not an AIP method"))?;
+        if !path.starts_with('/') {
+            bail!("paths.{name}: {path:?} must start with /");
+        }
+        paths[m.index()] = path;
+    }
+    let tls = match p.tls {
+        None => None,
+        Some(t) => {
+            let client_cert = match (t.cert, t.key) {
+                (Some(c), Some(k)) => Some((resolve(&c), resolve(&k))),
+                (None, None) => None,
+                _ => bail!("tls: cert and key go together"),
+            };
+            Some(PartnerTlsConfig {
+                ca: resolve(&t.ca),
+                client_cert,
+                server_name: t.server_name,
+            })
+        }
+    };
+    Ok(PartnerConfig {
+        name: p.name,
+        prefix,
+        hosts: p.hosts.iter().map(|h| h.to_ascii_lowercase()).collect(),
+        upstreams,
+        aic,
+        paths,
+        tls,
+    })
+}
+
+fn normalize_prefix(prefix: &str) -> anyhow::Result<String> {
+    if !prefix.starts_with('/') {
+        bail!("{prefix:?} must start with /");
+    }
+    if prefix.contains(['?', '#', ' ']) || prefix.contains("//") {
+        bail!("{prefix:?} is not a plain path");
+    }
+    let trimmed = prefix.trim_end_matches('/');
+    Ok(if trimmed.is_empty() { "/" } else { trimmed }.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+[listener]
+bind = "127.0.0.1:8443"
+cert = "certs/gateway.pem"
+key = "certs/gateway.key"
+client_ca = ["certs/ca.pem"]
+[[partner]]
+name = "demo"
+prefix = "/partners/demo/"
+upstreams = ["http://127.0.0.1:9021"]
+[partner.paths]
+rpc = "/acps-aip-v1/rpc"
+"#;
+
+    #[test]
+    fn defaults_and_resolution() {
+        let c = Config::parse(BASE, Path::new("/etc/aipgw")).unwrap();
+        assert_eq!(c.listener.cert, Path::new("/etc/aipgw/certs/gateway.pem"));
+        assert_eq!(c.listener.handshake_timeout, Duration::from_secs(10));
+        assert_eq!(c.max_body_bytes, 1 << 20);
+        assert_eq!(c.aic_domain_suffix, "acps.pub");
+        let p = &c.partners[0];
+        assert_eq!(p.prefix, "/partners/demo");
+        assert_eq!(p.paths[Method::Rpc.index()], "/acps-aip-v1/rpc");
+        assert_eq!(p.paths[Method::Group.index()], "/group/rpc");
+    }
+
+    fn error_of(text: &str) -> String {
+        format!("{:#}", Config::parse(text, Path::new(".")).unwrap_err())
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let e = error_of(&BASE.replace("[listener]", "[listener]\nbogus = 1"));
+        assert!(e.contains("bogus"), "{e}");
+        let e = error_of(&BASE.replace("rpc = ", "fly = "));
+        assert!(e.contains("paths.fly"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let e = error_of(&BASE.replace("127.0.0.1:8443", "nowhere"));
+        assert!(e.contains("listener.bind"), "{e}");
+        let e = error_of(&BASE.replace("http://127.0.0.1:9021", "https://127.0.0.1:9021"));
+        assert!(e.contains("upstreams[0]"), "{e}");
+        let e = error_of(&format!("{BASE}\n[limits]\nmax_body_bytes = 0"));
+        assert!(e.contains("limits.max_body_bytes"), "{e}");
+        let e = error_of(&BASE.replace("name = \"demo\"", "name = \"demo\"\naic = \"123\""));
+        assert!(e.contains("aic"), "{e}");
+        let twice = format!("{BASE}\n{}", &BASE[BASE.find("[[partner]]").unwrap()..]);
+        assert!(error_of(&twice).contains("name"), "{}", error_of(&twice));
+        let e = error_of(&BASE.replace("handshake_timeout", "x").replace(
+            "[listener]",
+            "[listener]\nhandshake_timeout = \"0s\"",
+        ));
+        assert!(e.contains("listener.handshake_timeout"), "{e}");
+    }
+}

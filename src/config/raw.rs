@@ -1,0 +1,224 @@
+//! The TOML file as written: serde structs, defaults, unknown keys rejected.
+//!
+//! Every bound has a default here; README.md lists them all. Validation and path
+//! resolution happen in `config::Config::from_raw`, never per request.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// The whole file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// The TLS listener Leaders connect to.
+    pub listener: RawListener,
+    /// How identities are read from certificates.
+    #[serde(default)]
+    pub identity: RawIdentity,
+    /// Request bounds.
+    #[serde(default)]
+    pub limits: RawLimits,
+    /// Defaults for every Partner connection.
+    #[serde(default)]
+    pub upstream: RawUpstream,
+    /// The Partners.
+    #[serde(default, rename = "partner")]
+    pub partners: Vec<RawPartner>,
+}
+
+/// Client-certificate handling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientAuthMode {
+    /// Complete every handshake; answer requests of unverified connections with a
+    /// JSON-RPC error (-32008 / -32010).
+    #[default]
+    Jsonrpc,
+    /// Fail the handshake on a missing or bad certificate.
+    Strict,
+}
+
+/// `[listener]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawListener {
+    /// Address to listen on.
+    pub bind: String,
+    /// Server certificate chain (PEM).
+    pub cert: PathBuf,
+    /// Server private key (PEM).
+    pub key: PathBuf,
+    /// CA bundles trusted to issue client certificates (PEM).
+    pub client_ca: Vec<PathBuf>,
+    /// CRL files (PEM or DER).
+    #[serde(default)]
+    pub crl: Vec<PathBuf>,
+    /// `jsonrpc` or `strict`.
+    #[serde(default)]
+    pub client_auth: ClientAuthMode,
+    /// Accept a CRL past its nextUpdate (default false: such a CRL rejects).
+    #[serde(default)]
+    pub allow_expired_crl: bool,
+    /// Accept certificates no configured CRL covers (default false when CRLs are set).
+    #[serde(default)]
+    pub allow_unknown_revocation_status: bool,
+    /// Time for the TLS handshake to complete.
+    #[serde(default = "d10s", with = "humantime_serde")]
+    pub handshake_timeout: Duration,
+    /// Time for a request's headers to arrive (HTTP/1.1).
+    #[serde(default = "d10s", with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// Time for a whole request body to arrive.
+    #[serde(default = "d30s", with = "humantime_serde")]
+    pub body_read_timeout: Duration,
+    /// Close a connection with no request in flight for this long.
+    #[serde(default = "d60s", with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Open client connections at most; more wait in the accept queue.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Concurrent HTTP/2 streams per connection.
+    #[serde(default = "default_h2_streams")]
+    pub http2_max_concurrent_streams: u32,
+    /// Time open requests get to finish at shutdown.
+    #[serde(default = "d30s", with = "humantime_serde")]
+    pub drain_timeout: Duration,
+}
+
+/// `[identity]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawIdentity {
+    /// DNS suffix of v1-profile names (`<AIC>.<suffix>`).
+    #[serde(default = "default_suffix")]
+    pub aic_domain_suffix: String,
+}
+
+impl Default for RawIdentity {
+    fn default() -> Self {
+        RawIdentity {
+            aic_domain_suffix: default_suffix(),
+        }
+    }
+}
+
+/// `[limits]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimits {
+    /// Largest request body accepted.
+    #[serde(default = "default_max_body")]
+    pub max_body_bytes: usize,
+}
+
+impl Default for RawLimits {
+    fn default() -> Self {
+        RawLimits {
+            max_body_bytes: default_max_body(),
+        }
+    }
+}
+
+/// `[upstream]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    /// Time to open a TCP (and TLS) connection to a Partner.
+    #[serde(default = "d5s", with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Time for a Partner's response headers to arrive.
+    #[serde(default = "d30s", with = "humantime_serde")]
+    pub response_timeout: Duration,
+    /// Idle pooled connections are closed after this long.
+    #[serde(default = "d90s", with = "humantime_serde")]
+    pub pool_idle_timeout: Duration,
+    /// Idle pooled connections kept per upstream address.
+    #[serde(default = "default_pool_idle")]
+    pub pool_max_idle_per_host: usize,
+}
+
+impl Default for RawUpstream {
+    fn default() -> Self {
+        RawUpstream {
+            connect_timeout: d5s(),
+            response_timeout: d30s(),
+            pool_idle_timeout: d90s(),
+            pool_max_idle_per_host: default_pool_idle(),
+        }
+    }
+}
+
+/// `[[partner]]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPartner {
+    /// Unique name (logs, metrics, errors).
+    pub name: String,
+    /// Path prefix on the gateway, e.g. `/partners/demo`.
+    pub prefix: String,
+    /// Host names (Host header, else SNI) this Partner answers; empty = any host.
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    /// Upstream base URLs (`http://` or `https://`), used round robin.
+    pub upstreams: Vec<String>,
+    /// The Partner's AIC; with https upstreams its certificate must carry it.
+    #[serde(default)]
+    pub aic: Option<String>,
+    /// Method -> upstream path overrides.
+    #[serde(default)]
+    pub paths: BTreeMap<String, String>,
+    /// TLS to the Partner (https upstreams).
+    #[serde(default)]
+    pub tls: Option<RawPartnerTls>,
+}
+
+/// `[partner.tls]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPartnerTls {
+    /// CA bundle that issues the Partner's server certificate.
+    pub ca: PathBuf,
+    /// The gateway's client certificate for the Partner (mutual TLS).
+    #[serde(default)]
+    pub cert: Option<PathBuf>,
+    /// Its private key.
+    #[serde(default)]
+    pub key: Option<PathBuf>,
+    /// Name to verify in the Partner's certificate instead of the URL host.
+    #[serde(default)]
+    pub server_name: Option<String>,
+}
+
+fn d5s() -> Duration {
+    Duration::from_secs(5)
+}
+fn d10s() -> Duration {
+    Duration::from_secs(10)
+}
+fn d30s() -> Duration {
+    Duration::from_secs(30)
+}
+fn d60s() -> Duration {
+    Duration::from_secs(60)
+}
+fn d90s() -> Duration {
+    Duration::from_secs(90)
+}
+fn default_max_connections() -> usize {
+    10_000
+}
+fn default_h2_streams() -> u32 {
+    200
+}
+fn default_suffix() -> String {
+    "acps.pub".to_owned()
+}
+fn default_max_body() -> usize {
+    1024 * 1024
+}
+fn default_pool_idle() -> usize {
+    64
+}

@@ -1,0 +1,284 @@
+//! Development certificates (rcgen): a CA, the gateway's server and client certificates,
+//! Leader certificates in both reference AIC profiles, and a Partner server certificate.
+//!
+//! Used by `aipgw dev-certs` (the files in `certs/`) and by the tests, which make fresh
+//! ones at run time. Never for production: keys are written unencrypted.
+
+use std::net::IpAddr;
+use std::path::Path;
+
+use anyhow::Context;
+use rcgen::{
+    BasicConstraints, CertificateParams, CertificateRevocationListParams, CertifiedIssuer, DnType,
+    ExtendedKeyUsagePurpose, IsCa, KeyIdMethod, KeyPair, KeyUsagePurpose, RevocationReason,
+    RevokedCertParams, SanType, SerialNumber,
+};
+use ring::rand::{SecureRandom, SystemRandom};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use time::{Duration, OffsetDateTime};
+
+/// The Leader AIC of the v1-profile development certificate.
+pub const DEV_LEADER_V1_AIC: &str = "10001000011K912345E789ABCDEF2353";
+/// The Leader AIC of the v2.1-profile development certificate.
+pub const DEV_LEADER_V2_AIC: &str = "10001000011K94ZH3VDXLP4S5EB63614";
+/// The demo Partner's AIC.
+pub const DEV_PARTNER_AIC: &str = "10001000011K96TFZ2B9H9I1J85AUF77";
+/// The gateway's own AIC (its client certificate towards Partners).
+pub const DEV_GATEWAY_AIC: &str = "10001000011K9DX1GW14X1VSP2QQNG44";
+
+/// What to put in a certificate.
+#[derive(Debug, Clone)]
+pub struct CertSpec {
+    /// Subject CN.
+    pub common_name: String,
+    /// SAN DNS names.
+    pub dns: Vec<String>,
+    /// SAN IP addresses.
+    pub ips: Vec<IpAddr>,
+    /// SAN URIs.
+    pub uris: Vec<String>,
+    /// Extended key usages.
+    pub client_auth: bool,
+    /// Extended key usages.
+    pub server_auth: bool,
+    /// Validity start.
+    pub not_before: OffsetDateTime,
+    /// Validity end.
+    pub not_after: OffsetDateTime,
+    /// Serial number (random when `None`).
+    pub serial: Option<u64>,
+}
+
+impl CertSpec {
+    fn base(cn: &str) -> CertSpec {
+        let now = OffsetDateTime::now_utc();
+        CertSpec {
+            common_name: cn.to_owned(),
+            dns: vec![],
+            ips: vec![],
+            uris: vec![],
+            client_auth: false,
+            server_auth: false,
+            not_before: now - Duration::days(1),
+            not_after: now + Duration::days(365 * 10),
+            serial: None,
+        }
+    }
+
+    /// A Leader in the v1 CA profile: `CN=<AIC>.<suffix>`, `DNS:<AIC>.<suffix>`,
+    /// `URI:agent://<AIC>`, clientAuth + serverAuth.
+    pub fn leader_v1(aic: &str, suffix: &str) -> CertSpec {
+        let name = format!("{aic}.{suffix}");
+        CertSpec {
+            dns: vec![name.clone()],
+            uris: vec![format!("agent://{aic}")],
+            client_auth: true,
+            server_auth: true,
+            ..CertSpec::base(&name)
+        }
+    }
+
+    /// A Leader in the v2.1 CA profile: `CN=<AIC>`, `URI:acps://<AIC>`, clientAuth.
+    pub fn leader_v2(aic: &str) -> CertSpec {
+        CertSpec {
+            uris: vec![format!("acps://{aic}")],
+            client_auth: true,
+            ..CertSpec::base(aic)
+        }
+    }
+
+    /// A TLS server for the given DNS names and IP addresses.
+    pub fn server(names: &[&str]) -> CertSpec {
+        let mut spec = CertSpec::base(names.first().copied().unwrap_or("server"));
+        for n in names {
+            match n.parse::<IpAddr>() {
+                Ok(ip) => spec.ips.push(ip),
+                Err(_) => spec.dns.push((*n).to_owned()),
+            }
+        }
+        spec.server_auth = true;
+        spec
+    }
+
+    /// A Partner server in the v2.1 profile: CN and `URI:acps://<AIC>` plus host names.
+    pub fn partner_server(aic: &str, names: &[&str]) -> CertSpec {
+        let mut spec = CertSpec::server(names);
+        spec.common_name = aic.to_owned();
+        spec.uris.push(format!("acps://{aic}"));
+        spec
+    }
+}
+
+/// An issued certificate and its key.
+pub struct Issued {
+    /// DER certificate.
+    pub cert_der: CertificateDer<'static>,
+    /// PEM certificate.
+    pub cert_pem: String,
+    /// PEM PKCS#8 key.
+    pub key_pem: String,
+    /// The serial number.
+    pub serial: u64,
+}
+
+impl Issued {
+    /// The key as DER.
+    pub fn key_der(&self) -> PrivateKeyDer<'static> {
+        use rustls_pki_types::pem::PemObject;
+        PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes())
+            .unwrap_or_else(|_| PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(Vec::new())))
+    }
+}
+
+/// A certificate authority that issues development certificates and CRLs.
+pub struct DevCa {
+    issuer: CertifiedIssuer<'static, KeyPair>,
+}
+
+fn random_serial() -> u64 {
+    let mut b = [0u8; 8];
+    let _ = SystemRandom::new().fill(&mut b);
+    u64::from_be_bytes(b) >> 1 | 1
+}
+
+impl DevCa {
+    /// A new self-signed CA.
+    pub fn new(name: &str) -> anyhow::Result<DevCa> {
+        let mut params = CertificateParams::default();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let now = OffsetDateTime::now_utc();
+        params.not_before = now - Duration::days(2);
+        params.not_after = now + Duration::days(365 * 10);
+        params.serial_number = Some(SerialNumber::from_slice(&random_serial().to_be_bytes()));
+        let key = KeyPair::generate()?;
+        Ok(DevCa {
+            issuer: CertifiedIssuer::self_signed(params, key)?,
+        })
+    }
+
+    /// The CA certificate, PEM.
+    pub fn cert_pem(&self) -> String {
+        self.issuer.pem()
+    }
+
+    /// The CA certificate, DER.
+    pub fn cert_der(&self) -> CertificateDer<'static> {
+        self.issuer.der().clone()
+    }
+
+    /// The CA private key, PEM.
+    pub fn key_pem(&self) -> String {
+        self.issuer.key().serialize_pem()
+    }
+
+    /// Issues a certificate.
+    pub fn issue(&self, spec: &CertSpec) -> anyhow::Result<Issued> {
+        let mut params = CertificateParams::default();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, spec.common_name.as_str());
+        for d in &spec.dns {
+            params
+                .subject_alt_names
+                .push(SanType::DnsName(d.clone().try_into()?));
+        }
+        for ip in &spec.ips {
+            params.subject_alt_names.push(SanType::IpAddress(*ip));
+        }
+        for u in &spec.uris {
+            params
+                .subject_alt_names
+                .push(SanType::URI(u.clone().try_into()?));
+        }
+        if spec.client_auth {
+            params
+                .extended_key_usages
+                .push(ExtendedKeyUsagePurpose::ClientAuth);
+        }
+        if spec.server_auth {
+            params
+                .extended_key_usages
+                .push(ExtendedKeyUsagePurpose::ServerAuth);
+        }
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.not_before = spec.not_before;
+        params.not_after = spec.not_after;
+        params.use_authority_key_identifier_extension = true;
+        let serial = spec.serial.unwrap_or_else(random_serial);
+        params.serial_number = Some(SerialNumber::from_slice(&serial.to_be_bytes()));
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok(Issued {
+            cert_der: cert.der().clone(),
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            serial,
+        })
+    }
+
+    /// A CRL revoking the given serials, valid from `this_update` to `next_update`.
+    pub fn crl(
+        &self,
+        revoked: &[u64],
+        this_update: OffsetDateTime,
+        next_update: OffsetDateTime,
+    ) -> anyhow::Result<String> {
+        let params = CertificateRevocationListParams {
+            this_update,
+            next_update,
+            crl_number: SerialNumber::from_slice(&[1]),
+            issuing_distribution_point: None,
+            revoked_certs: revoked
+                .iter()
+                .map(|s| RevokedCertParams {
+                    serial_number: SerialNumber::from_slice(&s.to_be_bytes()),
+                    revocation_time: this_update,
+                    reason_code: Some(RevocationReason::KeyCompromise),
+                    invalidity_date: None,
+                })
+                .collect(),
+            key_identifier_method: KeyIdMethod::Sha256,
+        };
+        Ok(params.signed_by(&self.issuer)?.pem()?)
+    }
+}
+
+/// Writes the development certificate set into `dir` (see `certs/README.md`).
+pub fn write_dev_certs(dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let write = |name: &str, text: &str| -> anyhow::Result<()> {
+        let path = dir.join(name);
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
+    };
+    let ca = DevCa::new("aipgw DEVELOPMENT CA - do not trust")?;
+    write("ca.pem", &ca.cert_pem())?;
+    write("ca.key", &ca.key_pem())?;
+    let set = [
+        ("gateway", CertSpec::server(&["localhost", "127.0.0.1", "::1"])),
+        ("gateway-client", {
+            let mut s = CertSpec::leader_v2(DEV_GATEWAY_AIC);
+            s.common_name = DEV_GATEWAY_AIC.to_owned();
+            s
+        }),
+        ("leader-v1", CertSpec::leader_v1(DEV_LEADER_V1_AIC, "acps.pub")),
+        ("leader-v2", CertSpec::leader_v2(DEV_LEADER_V2_AIC)),
+        (
+            "partner",
+            CertSpec::partner_server(DEV_PARTNER_AIC, &["localhost", "127.0.0.1"]),
+        ),
+    ];
+    for (name, spec) in set {
+        let issued = ca.issue(&spec)?;
+        write(&format!("{name}.pem"), &issued.cert_pem)?;
+        write(&format!("{name}.key"), &issued.key_pem)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,246 @@
+//! The one error type of the request path, and its one mapping to a response.
+//!
+//! Errors are classified by who caused them (the client, its credential, the Partner, the
+//! gateway); [`GatewayError::into_response`] is the only place that turns one into an
+//! HTTP status and a JSON-RPC error, and [`GatewayError::reason`] is the label that
+//! `error.data.reason`, logs and metrics share.
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+
+use crate::identity::CredentialError;
+use crate::jsonrpc::envelope::EnvelopeError;
+use crate::jsonrpc::reply::{error_body, ErrorData, RpcId};
+
+/// JSON-RPC / AIP error codes the gateway uses.
+pub mod codes {
+    /// Invalid JSON.
+    pub const PARSE_ERROR: i32 = -32700;
+    /// Not a valid request object.
+    pub const INVALID_REQUEST: i32 = -32600;
+    /// Unknown method (or no Partner at that path).
+    pub const METHOD_NOT_FOUND: i32 = -32601;
+    /// Bad parameters.
+    pub const INVALID_PARAMS: i32 = -32602;
+    /// Gateway or upstream failure.
+    pub const INTERNAL_ERROR: i32 = -32603;
+    /// AIP: no credential was presented.
+    pub const AUTHENTICATION_REQUIRED: i32 = -32008;
+    /// AIP: the caller may not do this.
+    pub const AUTHORIZATION_FAILED: i32 = -32009;
+    /// AIP: the credential presented is invalid.
+    pub const INVALID_CREDENTIAL: i32 = -32010;
+}
+
+/// Everything that can go wrong with one request.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// No client certificate on the connection.
+    #[error("a client certificate is required")]
+    AuthenticationRequired,
+    /// The client certificate was rejected.
+    #[error("{0}")]
+    InvalidCredential(CredentialError),
+    /// The caller is known but may not do this.
+    #[error("{detail}")]
+    Forbidden {
+        /// Short label.
+        reason: &'static str,
+        /// Human detail.
+        detail: String,
+    },
+    /// The envelope is invalid.
+    #[error(transparent)]
+    Envelope(#[from] EnvelopeError),
+    /// The body is larger than `limits.max_body_bytes`.
+    #[error("request body exceeds {limit} bytes")]
+    BodyTooLarge {
+        /// The configured limit.
+        limit: usize,
+    },
+    /// The body did not arrive within `listener.body_read_timeout`.
+    #[error("request body was not received in time")]
+    BodyTimeout,
+    /// The body could not be read (client reset, protocol error).
+    #[error("request body could not be read")]
+    BodyRead,
+    /// Only POST carries JSON-RPC.
+    #[error("HTTP method {0} is not allowed; use POST")]
+    HttpMethod(http::Method),
+    /// No Partner serves this host and path.
+    #[error("no Partner at {0}")]
+    NoRoute(String),
+    /// The path names one method and the body another.
+    #[error("path is for {path:?} but the body's method is {body:?}")]
+    MethodPathMismatch {
+        /// Method named by the path.
+        path: &'static str,
+        /// Method named by the body.
+        body: String,
+    },
+    /// The Partner could not be reached or refused the connection.
+    #[error("Partner {partner} is unavailable: {detail}")]
+    UpstreamUnavailable {
+        /// Partner name.
+        partner: String,
+        /// What failed.
+        detail: String,
+    },
+    /// The Partner's TLS identity was refused (CA, name or AIC).
+    #[error("Partner {partner} failed TLS verification: {detail}")]
+    UpstreamTls {
+        /// Partner name.
+        partner: String,
+        /// What failed.
+        detail: String,
+    },
+    /// The Partner did not answer within `upstream.response_timeout`.
+    #[error("Partner {partner} did not answer in time")]
+    UpstreamTimeout {
+        /// Partner name.
+        partner: String,
+    },
+    /// The Partner's answer broke the HTTP protocol.
+    #[error("Partner {partner} failed: {detail}")]
+    UpstreamProtocol {
+        /// Partner name.
+        partner: String,
+        /// What failed.
+        detail: String,
+    },
+}
+
+impl GatewayError {
+    /// HTTP status, JSON-RPC code and reason label: the whole mapping.
+    pub fn classify(&self) -> (StatusCode, i32, &'static str) {
+        use codes::*;
+        match self {
+            GatewayError::AuthenticationRequired => (
+                StatusCode::UNAUTHORIZED,
+                AUTHENTICATION_REQUIRED,
+                "no_client_certificate",
+            ),
+            GatewayError::InvalidCredential(c) => {
+                (StatusCode::UNAUTHORIZED, INVALID_CREDENTIAL, c.reason())
+            }
+            GatewayError::Forbidden { reason, .. } => {
+                (StatusCode::FORBIDDEN, AUTHORIZATION_FAILED, reason)
+            }
+            GatewayError::Envelope(e) => match e {
+                EnvelopeError::Parse(_) => (StatusCode::BAD_REQUEST, PARSE_ERROR, "parse_error"),
+                EnvelopeError::Invalid { reason, .. } => {
+                    (StatusCode::BAD_REQUEST, INVALID_REQUEST, reason)
+                }
+                EnvelopeError::MethodNotFound(_) => {
+                    (StatusCode::BAD_REQUEST, METHOD_NOT_FOUND, "unknown_method")
+                }
+                EnvelopeError::InvalidParams { .. } => {
+                    (StatusCode::BAD_REQUEST, INVALID_PARAMS, "invalid_params")
+                }
+            },
+            GatewayError::BodyTooLarge { .. } => {
+                (StatusCode::PAYLOAD_TOO_LARGE, INVALID_REQUEST, "body_too_large")
+            }
+            GatewayError::BodyTimeout => {
+                (StatusCode::REQUEST_TIMEOUT, INVALID_REQUEST, "body_timeout")
+            }
+            GatewayError::BodyRead => (StatusCode::BAD_REQUEST, INVALID_REQUEST, "body_read"),
+            GatewayError::HttpMethod(_) => {
+                (StatusCode::METHOD_NOT_ALLOWED, INVALID_REQUEST, "http_method")
+            }
+            GatewayError::NoRoute(_) => (StatusCode::NOT_FOUND, METHOD_NOT_FOUND, "no_route"),
+            GatewayError::MethodPathMismatch { .. } => {
+                (StatusCode::BAD_REQUEST, INVALID_REQUEST, "method_path_mismatch")
+            }
+            GatewayError::UpstreamUnavailable { .. } => {
+                (StatusCode::BAD_GATEWAY, INTERNAL_ERROR, "upstream_unavailable")
+            }
+            GatewayError::UpstreamTls { .. } => {
+                (StatusCode::BAD_GATEWAY, INTERNAL_ERROR, "upstream_tls")
+            }
+            GatewayError::UpstreamTimeout { .. } => {
+                (StatusCode::GATEWAY_TIMEOUT, INTERNAL_ERROR, "upstream_timeout")
+            }
+            GatewayError::UpstreamProtocol { .. } => {
+                (StatusCode::BAD_GATEWAY, INTERNAL_ERROR, "upstream_protocol")
+            }
+        }
+    }
+
+    /// The short reason label (`error.data.reason`, logs, metrics).
+    pub fn reason(&self) -> &'static str {
+        self.classify().2
+    }
+
+    /// Whether the connection should be closed after this reply (the request body may be
+    /// partly unread, so the HTTP/1 framing can no longer be trusted).
+    pub fn closes_connection(&self) -> bool {
+        matches!(
+            self,
+            GatewayError::BodyTooLarge { .. } | GatewayError::BodyTimeout | GatewayError::BodyRead
+        )
+    }
+
+    fn message(code: i32) -> &'static str {
+        match code {
+            codes::PARSE_ERROR => "Parse error",
+            codes::INVALID_REQUEST => "Invalid Request",
+            codes::METHOD_NOT_FOUND => "Method not found",
+            codes::INVALID_PARAMS => "Invalid params",
+            codes::AUTHENTICATION_REQUIRED => "Authentication required",
+            codes::AUTHORIZATION_FAILED => "Authorization failed",
+            codes::INVALID_CREDENTIAL => "Invalid credential",
+            _ => "Internal error",
+        }
+    }
+
+    fn data(&self) -> ErrorData {
+        let (_, _, reason) = self.classify();
+        let partner = match self {
+            GatewayError::UpstreamUnavailable { partner, .. }
+            | GatewayError::UpstreamTls { partner, .. }
+            | GatewayError::UpstreamTimeout { partner }
+            | GatewayError::UpstreamProtocol { partner, .. } => Some(partner.clone()),
+            _ => None,
+        };
+        let field = match self {
+            GatewayError::Envelope(EnvelopeError::InvalidParams { field, .. }) => Some(*field),
+            _ => None,
+        };
+        ErrorData {
+            reason,
+            field,
+            detail: Some(self.to_string()),
+            partner,
+        }
+    }
+
+    /// The response: the mapped status and a JSON-RPC error echoing `id`.
+    pub fn into_response(self, id: &RpcId) -> Response<Bytes> {
+        let (status, code, _) = self.classify();
+        let body = error_body(id, code, Self::message(code), &self.data());
+        let mut resp = Response::new(body);
+        *resp.status_mut() = status;
+        let headers = resp.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if self.closes_connection() {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        if let GatewayError::HttpMethod(_) = self {
+            headers.insert(header::ALLOW, HeaderValue::from_static("POST"));
+        }
+        if matches!(
+            self,
+            GatewayError::AuthenticationRequired | GatewayError::InvalidCredential(_)
+        ) {
+            headers.insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("mutual-tls"),
+            );
+        }
+        resp
+    }
+}

@@ -1,0 +1,179 @@
+//! Who is calling: the verdict on a connection's client certificate, computed once per
+//! connection right after the TLS handshake and shared by every request on it.
+//!
+//! Must not: look at requests, or be computed per request.
+
+pub mod aic;
+pub mod cert;
+
+use std::sync::Arc;
+
+use rustls::server::danger::ClientCertVerifier;
+use rustls::{CertificateError, Error as TlsError};
+use rustls_pki_types::{CertificateDer, UnixTime};
+
+pub use aic::{Aic, AicError};
+
+/// Why a presented certificate gives no identity. Each maps to AIP `-32010`; the
+/// [`CredentialError::reason`] is the `error.data.reason` and a metrics label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum CredentialError {
+    /// The chain does not lead to a configured client CA.
+    #[error("certificate issuer is not trusted")]
+    UnknownIssuer,
+    /// The certificate (or one in its chain) has expired.
+    #[error("certificate has expired")]
+    Expired,
+    /// The certificate is not valid yet.
+    #[error("certificate is not yet valid")]
+    NotYetValid,
+    /// A configured CRL revokes the certificate.
+    #[error("certificate has been revoked")]
+    Revoked,
+    /// No configured CRL covers the certificate.
+    #[error("certificate revocation status is unknown")]
+    RevocationStatusUnknown,
+    /// The CRL that covers the certificate is past its next update.
+    #[error("the certificate revocation list has expired")]
+    CrlExpired,
+    /// The certificate lacks the clientAuth extended key usage.
+    #[error("certificate is not valid for client authentication")]
+    WrongKeyUsage,
+    /// A signature in the chain is invalid or uses an unsupported algorithm.
+    #[error("certificate signature is invalid or unsupported")]
+    BadSignature,
+    /// The certificate could not be parsed.
+    #[error("certificate is malformed")]
+    BadEncoding,
+    /// Any other chain validation failure.
+    #[error("certificate was rejected")]
+    Rejected,
+    /// The certificate names no AIC.
+    #[error("certificate carries no AIC")]
+    NoAic,
+    /// A place that claims an AIC holds something that is not one.
+    #[error("certificate AIC is malformed")]
+    MalformedAic,
+    /// An AIC in the certificate has a wrong check code.
+    #[error("certificate AIC has a wrong check code")]
+    BadCheckCode,
+    /// The certificate's AICs (CN, SANs) disagree.
+    #[error("certificate AICs disagree")]
+    AicMismatch,
+}
+
+impl CredentialError {
+    /// Short snake_case reason: `error.data.reason` and a metrics label.
+    pub fn reason(self) -> &'static str {
+        match self {
+            CredentialError::UnknownIssuer => "unknown_issuer",
+            CredentialError::Expired => "expired",
+            CredentialError::NotYetValid => "not_yet_valid",
+            CredentialError::Revoked => "revoked",
+            CredentialError::RevocationStatusUnknown => "revocation_status_unknown",
+            CredentialError::CrlExpired => "crl_expired",
+            CredentialError::WrongKeyUsage => "wrong_key_usage",
+            CredentialError::BadSignature => "bad_signature",
+            CredentialError::BadEncoding => "bad_encoding",
+            CredentialError::Rejected => "rejected",
+            CredentialError::NoAic => "no_aic",
+            CredentialError::MalformedAic => "malformed_aic",
+            CredentialError::BadCheckCode => "bad_check_code",
+            CredentialError::AicMismatch => "aic_mismatch",
+        }
+    }
+
+    /// Classifies a rustls chain-verification error.
+    pub fn from_tls(err: &TlsError) -> Self {
+        #[allow(deprecated)]
+        match err {
+            TlsError::InvalidCertificate(c) => match c {
+                CertificateError::UnknownIssuer => CredentialError::UnknownIssuer,
+                CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
+                    CredentialError::Expired
+                }
+                CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
+                    CredentialError::NotYetValid
+                }
+                CertificateError::Revoked => CredentialError::Revoked,
+                CertificateError::UnknownRevocationStatus => {
+                    CredentialError::RevocationStatusUnknown
+                }
+                CertificateError::ExpiredRevocationList
+                | CertificateError::ExpiredRevocationListContext { .. } => {
+                    CredentialError::CrlExpired
+                }
+                CertificateError::InvalidPurpose | CertificateError::InvalidPurposeContext { .. } => {
+                    CredentialError::WrongKeyUsage
+                }
+                CertificateError::BadSignature
+                | CertificateError::UnsupportedSignatureAlgorithm
+                | CertificateError::UnsupportedSignatureAlgorithmContext { .. }
+                | CertificateError::UnsupportedSignatureAlgorithmForPublicKeyContext { .. } => {
+                    CredentialError::BadSignature
+                }
+                CertificateError::BadEncoding => CredentialError::BadEncoding,
+                _ => CredentialError::Rejected,
+            },
+            _ => CredentialError::Rejected,
+        }
+    }
+}
+
+/// A verified caller: the AIC and the fingerprint of the certificate that proved it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerIdentity {
+    /// The caller's AIC.
+    pub aic: Aic,
+    /// Lowercase hex SHA-256 of the end-entity certificate DER.
+    pub cert_sha256: String,
+}
+
+/// The verdict on a connection, fixed for its lifetime.
+#[derive(Debug, Clone)]
+pub enum ConnAuth {
+    /// A valid certificate with a valid AIC.
+    Verified(Arc<PeerIdentity>),
+    /// No client certificate was presented (`-32008`).
+    Missing,
+    /// A certificate was presented and rejected (`-32010`).
+    Rejected(CredentialError),
+}
+
+/// Decides a connection's identity from the certificates the client presented.
+///
+/// `chain_verifier` is `Some` when the handshake deferred chain verification (the
+/// `jsonrpc` client-auth mode): the chain is verified here, exactly as strictly as a
+/// handshake would. It is `None` when the handshake already verified it (`strict`).
+pub fn authenticate(
+    peer_certs: Option<&[CertificateDer<'_>]>,
+    chain_verifier: Option<&dyn ClientCertVerifier>,
+    aic_suffix: &str,
+    now: UnixTime,
+) -> ConnAuth {
+    let Some((end_entity, intermediates)) = peer_certs.and_then(|c| c.split_first()) else {
+        return ConnAuth::Missing;
+    };
+    if let Some(verifier) = chain_verifier {
+        if let Err(e) = verifier.verify_client_cert(end_entity, intermediates, now) {
+            return ConnAuth::Rejected(CredentialError::from_tls(&e));
+        }
+    }
+    match cert::aic_from_certificate(end_entity, aic_suffix) {
+        Ok(aic) => ConnAuth::Verified(Arc::new(PeerIdentity {
+            aic,
+            cert_sha256: sha256_hex(end_entity),
+        })),
+        Err(e) => ConnAuth::Rejected(e),
+    }
+}
+
+/// Lowercase hex SHA-256 of some bytes.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
+    let mut out = String::with_capacity(64);
+    for b in digest.as_ref() {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}

@@ -1,0 +1,469 @@
+//! The JSON-RPC envelope, parsed by borrowing from the request body.
+//!
+//! Two phases, so every error can echo the request `id`:
+//! 1. [`parse`]: syntax and duplicate keys only; every field is read leniently
+//!    (strings borrowed, other types only classified). Yields [`Parsed`] with the raw id.
+//! 2. [`Parsed::validate`]: the semantic checks (version, id type, method, params per
+//!    method), yielding an [`Envelope`] of borrowed facts.
+//!
+//! The body itself is never re-serialized: the caller forwards the very bytes it parsed.
+//! Must not: allocate a `serde_json::Value` tree, or round-trip the id through a number.
+
+use std::borrow::Cow;
+
+use serde::de::IgnoredAny;
+use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
+
+use super::lenient::{LooseObj, LooseStr};
+use super::vocab::{Command, Method};
+
+/// Why an envelope was refused; the proxy maps each to its JSON-RPC code.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EnvelopeError {
+    /// Not JSON (`-32700`).
+    #[error("{0}")]
+    Parse(String),
+    /// JSON, but not a valid AIP request (`-32600`); `reason` is a short label.
+    #[error("{message}")]
+    Invalid {
+        /// Short label (`data.reason`).
+        reason: &'static str,
+        /// Human message.
+        message: String,
+    },
+    /// Unknown method (`-32601`).
+    #[error("method {0:?} does not exist")]
+    MethodNotFound(String),
+    /// A parameter is missing or wrong (`-32602`); `field` names it.
+    #[error("{message}")]
+    InvalidParams {
+        /// Dotted path of the offending field, e.g. `params.message.command`.
+        field: &'static str,
+        /// Human message.
+        message: String,
+    },
+}
+
+/// A failed parse, with the request id when it could still be recovered.
+#[derive(Debug)]
+pub struct ParseFailure<'a> {
+    /// The raw id, when the body was an object whose `id` could be read.
+    pub id: Option<&'a RawValue>,
+    /// What was wrong.
+    pub error: EnvelopeError,
+}
+
+#[derive(Deserialize)]
+struct RawEnvelope<'a> {
+    #[serde(borrow, default)]
+    jsonrpc: Option<LooseStr<'a>>,
+    #[serde(borrow, default)]
+    method: Option<LooseStr<'a>>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    id: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    params: Option<LooseObj<RawParams<'a>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawParams<'a> {
+    #[serde(borrow, default)]
+    message: Option<LooseObj<RawMessage<'a>>>,
+    #[serde(borrow, default)]
+    task_id: Option<LooseStr<'a>>,
+    #[serde(borrow, default)]
+    url: Option<LooseStr<'a>>,
+    #[serde(borrow, default)]
+    token: Option<LooseStr<'a>>,
+    #[serde(borrow, default)]
+    id: Option<LooseStr<'a>>,
+    #[serde(borrow, default)]
+    notification_config_id: Option<LooseStr<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawMessage<'a> {
+    #[serde(borrow, default)]
+    command: Option<LooseStr<'a>>,
+    #[serde(borrow, default)]
+    task_id: Option<LooseStr<'a>>,
+    #[serde(borrow, default)]
+    session_id: Option<LooseStr<'a>>,
+    #[serde(borrow, default)]
+    sender_id: Option<LooseStr<'a>>,
+    #[serde(borrow, default)]
+    sender_role: Option<LooseStr<'a>>,
+}
+
+/// Only the id, for recovering it after a structural error such as a duplicate key.
+#[derive(Deserialize)]
+struct IdOnly<'a> {
+    #[serde(borrow, default, deserialize_with = "present")]
+    id: Option<&'a RawValue>,
+}
+
+/// `Option<&RawValue>` maps `null` to `None`; here a present `null` is `Some("null")`
+/// and only an absent key is `None`.
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+/// Phase one: a syntactically valid request object, fields not yet checked.
+pub struct Parsed<'a> {
+    raw: RawEnvelope<'a>,
+}
+
+/// Phase two: a valid AIP request. Every string borrows from the body when it can.
+#[derive(Debug)]
+pub struct Envelope<'a> {
+    /// The raw `id` text (a string, number or null), to echo byte for byte.
+    pub id: &'a RawValue,
+    /// The method.
+    pub method: Method,
+    /// `params.message`, for the methods that carry one.
+    pub message: Option<MessageFacts<'a>>,
+    /// The task the request concerns: `params.message.taskId` or `params.taskId`.
+    pub task_id: Option<Cow<'a, str>>,
+}
+
+/// What the gateway reads from `params.message`.
+#[derive(Debug, Default)]
+pub struct MessageFacts<'a> {
+    /// `command`, when present.
+    pub command: Option<Command>,
+    /// `sessionId`, when present.
+    pub session_id: Option<Cow<'a, str>>,
+    /// `senderId`, when present.
+    pub sender_id: Option<Cow<'a, str>>,
+    /// `senderRole`, when present.
+    pub sender_role: Option<Cow<'a, str>>,
+}
+
+fn invalid(reason: &'static str, message: impl Into<String>) -> EnvelopeError {
+    EnvelopeError::Invalid {
+        reason,
+        message: message.into(),
+    }
+}
+
+fn bad_param(field: &'static str, message: impl Into<String>) -> EnvelopeError {
+    EnvelopeError::InvalidParams {
+        field,
+        message: message.into(),
+    }
+}
+
+/// Phase one: syntax, shape (an object, not a batch) and duplicate keys.
+pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseFailure<'_>> {
+    let first = body.iter().find(|b| !b.is_ascii_whitespace()).copied();
+    if first != Some(b'{') {
+        let error = match serde_json::from_slice::<IgnoredAny>(body) {
+            Err(e) => EnvelopeError::Parse(e.to_string()),
+            Ok(_) if first == Some(b'[') => invalid(
+                "batch",
+                "batch requests are not supported (AIP has no batches)",
+            ),
+            Ok(_) => invalid("not_object", "a request must be a JSON object"),
+        };
+        return Err(ParseFailure { id: None, error });
+    }
+    match serde_json::from_slice::<RawEnvelope<'_>>(body) {
+        Ok(raw) => Ok(Parsed { raw }),
+        Err(e) if e.is_data() => Err(ParseFailure {
+            // A duplicate key (the only data error the lenient types allow) stops the
+            // derive; the id can usually still be read on its own.
+            id: serde_json::from_slice::<IdOnly<'_>>(body)
+                .ok()
+                .and_then(|i| i.id),
+            error: invalid("duplicate_key", e.to_string()),
+        }),
+        Err(e) => Err(ParseFailure {
+            id: None,
+            error: EnvelopeError::Parse(e.to_string()),
+        }),
+    }
+}
+
+fn opt_string<'a>(
+    value: Option<LooseStr<'a>>,
+    field: &'static str,
+) -> Result<Option<Cow<'a, str>>, EnvelopeError> {
+    match value {
+        None => Ok(None),
+        Some(LooseStr::Str(s)) => Ok(Some(s)),
+        Some(LooseStr::Other(kind)) => Err(bad_param(
+            field,
+            format!("{field} must be a string, not {}", kind.name()),
+        )),
+    }
+}
+
+fn req_string<'a>(
+    value: Option<LooseStr<'a>>,
+    field: &'static str,
+) -> Result<Cow<'a, str>, EnvelopeError> {
+    opt_string(value, field)?.ok_or_else(|| bad_param(field, format!("{field} is required")))
+}
+
+impl<'a> Parsed<'a> {
+    /// The raw request id, when present.
+    pub fn id(&self) -> Option<&'a RawValue> {
+        self.raw.id
+    }
+
+    /// The `method` string as sent, when it is a string (for path agreement checks).
+    pub fn method_name(&self) -> Option<&str> {
+        self.raw.method.as_ref().and_then(LooseStr::as_str)
+    }
+
+    /// Phase two: every semantic check, in a fixed order.
+    pub fn validate(self) -> Result<Envelope<'a>, EnvelopeError> {
+        let raw = self.raw;
+        match raw.jsonrpc.as_ref().and_then(LooseStr::as_str) {
+            Some("2.0") => {}
+            _ => return Err(invalid("jsonrpc_version", "\"jsonrpc\" must be \"2.0\"")),
+        }
+        let id = raw
+            .id
+            .ok_or_else(|| invalid("id_missing", "\"id\" is required (AIP has no notifications)"))?;
+        if !matches!(id.get().as_bytes().first(), Some(b'"' | b'-' | b'0'..=b'9' | b'n')) {
+            return Err(invalid("id_type", "\"id\" must be a string, number or null"));
+        }
+        let method = match raw.method {
+            Some(LooseStr::Str(name)) => {
+                Method::from_name(&name).ok_or(EnvelopeError::MethodNotFound(name.into_owned()))?
+            }
+            _ => return Err(invalid("method_type", "\"method\" must be a string")),
+        };
+        let params = match raw.params {
+            Some(LooseObj::Obj(p)) => p,
+            Some(LooseObj::Other(kind)) => {
+                return Err(bad_param(
+                    "params",
+                    format!("params must be an object, not {}", kind.name()),
+                ))
+            }
+            None => return Err(bad_param("params", "params is required")),
+        };
+        if method.carries_message() {
+            validate_message(method, id, params)
+        } else {
+            validate_other(method, id, params)
+        }
+    }
+}
+
+fn validate_message<'a>(
+    method: Method,
+    id: &'a RawValue,
+    params: RawParams<'a>,
+) -> Result<Envelope<'a>, EnvelopeError> {
+    let m = match params.message {
+        Some(LooseObj::Obj(m)) => m,
+        Some(LooseObj::Other(kind)) => {
+            return Err(bad_param(
+                "params.message",
+                format!("params.message must be an object, not {}", kind.name()),
+            ))
+        }
+        None => return Err(bad_param("params.message", "params.message is required")),
+    };
+    const COMMAND: &str = "params.message.command";
+    let command = match opt_string(m.command, COMMAND)? {
+        None => None,
+        Some(c) => Some(Command::from_name(&c).ok_or_else(|| {
+            bad_param(COMMAND, format!("unknown command {c:?}"))
+        })?),
+    };
+    match (method, command) {
+        (Method::Stream, Some(Command::Start | Command::ReStream)) => {}
+        (Method::Stream, _) => {
+            return Err(bad_param(
+                COMMAND,
+                "stream takes only the commands start and re-stream",
+            ))
+        }
+        (Method::NotificationStart, Some(Command::Start)) => {}
+        (Method::NotificationStart, _) => {
+            return Err(bad_param(
+                COMMAND,
+                "notification/start takes only the command start",
+            ))
+        }
+        _ => {}
+    }
+    let task_id = opt_string(m.task_id, "params.message.taskId")?;
+    if command == Some(Command::ReStream) && task_id.is_none() {
+        return Err(bad_param(
+            "params.message.taskId",
+            "re-stream needs params.message.taskId",
+        ));
+    }
+    Ok(Envelope {
+        id,
+        method,
+        task_id,
+        message: Some(MessageFacts {
+            command,
+            session_id: opt_string(m.session_id, "params.message.sessionId")?,
+            sender_id: opt_string(m.sender_id, "params.message.senderId")?,
+            sender_role: opt_string(m.sender_role, "params.message.senderRole")?,
+        }),
+    })
+}
+
+fn validate_other<'a>(
+    method: Method,
+    id: &'a RawValue,
+    params: RawParams<'a>,
+) -> Result<Envelope<'a>, EnvelopeError> {
+    let task_id = match method {
+        Method::NotificationSet => {
+            req_string(params.url, "params.url")?;
+            req_string(params.token, "params.token")?;
+            opt_string(params.id, "params.id")?;
+            Some(req_string(params.task_id, "params.taskId")?)
+        }
+        Method::NotificationGet | Method::NotificationDelete => {
+            opt_string(params.notification_config_id, "params.notificationConfigId")?;
+            Some(req_string(params.task_id, "params.taskId")?)
+        }
+        _ => opt_string(params.task_id, "params.taskId")?,
+    };
+    Ok(Envelope {
+        id,
+        method,
+        task_id,
+        message: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(body: &str) -> Envelope<'_> {
+        parse(body.as_bytes())
+            .map_err(|f| f.error)
+            .and_then(Parsed::validate)
+            .unwrap()
+    }
+
+    /// The error and the echoed id (as text, `None` when it could not be read).
+    fn err(body: &str) -> (EnvelopeError, Option<String>) {
+        match parse(body.as_bytes()) {
+            Err(f) => (f.error, f.id.map(|i| i.get().to_owned())),
+            Ok(p) => {
+                let id = p.id().map(|i| i.get().to_owned());
+                (p.validate().unwrap_err(), id)
+            }
+        }
+    }
+
+    const START: &str = r#"{"jsonrpc":"2.0","method":"rpc","id":"1","params":{"message":{"type":"message","id":"m1","senderRole":"leader","senderId":"X","command":"start","dataItems":[{"type":"text","text":"hi"}],"taskId":"t1","sessionId":"s1"}}}"#;
+
+    #[test]
+    fn valid_rpc_start_borrows() {
+        let e = ok(START);
+        assert_eq!(e.method, Method::Rpc);
+        assert_eq!(e.id.get(), "\"1\"");
+        assert!(matches!(e.task_id, Some(Cow::Borrowed("t1"))));
+        let m = e.message.unwrap();
+        assert_eq!(m.command, Some(Command::Start));
+        assert!(matches!(m.sender_id, Some(Cow::Borrowed("X"))));
+    }
+
+    #[test]
+    fn huge_numeric_id_is_kept_verbatim() {
+        let body = START.replace(r#""id":"1""#, r#""id":12345678901234567890123"#);
+        assert_eq!(ok(&body).id.get(), "12345678901234567890123");
+        let bad = body.replace(r#""jsonrpc":"2.0""#, r#""jsonrpc":"1.0""#);
+        assert_eq!(err(&bad).1.as_deref(), Some("12345678901234567890123"));
+    }
+
+    #[test]
+    fn syntax_errors_are_parse_errors() {
+        for body in ["", "{", "{\"a\":}", "nope", "[1,", "{\"id\":1} x"] {
+            assert!(matches!(err(body).0, EnvelopeError::Parse(_)), "{body:?}");
+        }
+    }
+
+    #[test]
+    fn shape_errors() {
+        let (e, _) = err(&format!("[{START}]"));
+        assert!(matches!(e, EnvelopeError::Invalid { reason: "batch", .. }));
+        let (e, _) = err("\"hello\"");
+        assert!(matches!(e, EnvelopeError::Invalid { reason: "not_object", .. }));
+    }
+
+    #[test]
+    fn duplicate_keys_are_rejected_with_the_id() {
+        let body = START.replace(r#""method":"rpc""#, r#""method":"rpc","method":"stream""#);
+        let (e, id) = err(&body);
+        assert!(matches!(e, EnvelopeError::Invalid { reason: "duplicate_key", .. }), "{e:?}");
+        assert_eq!(id.as_deref(), Some("\"1\""));
+        let body = START.replace(r#""command":"start""#, r#""command":"start","command":"cancel""#);
+        assert!(matches!(err(&body).0, EnvelopeError::Invalid { reason: "duplicate_key", .. }));
+    }
+
+    #[test]
+    fn semantic_errors_keep_the_id_even_when_it_comes_last() {
+        let (e, id) = err(r#"{"jsonrpc":"1.0","method":"rpc","params":{},"id":7}"#);
+        assert!(matches!(e, EnvelopeError::Invalid { reason: "jsonrpc_version", .. }));
+        assert_eq!(id.as_deref(), Some("7"));
+        let (e, id) = err(r#"{"jsonrpc":"2.0","method":"nope","params":{},"id":null}"#);
+        assert_eq!(e, EnvelopeError::MethodNotFound("nope".into()));
+        assert_eq!(id.as_deref(), Some("null"));
+        let (e, _) = err(r#"{"jsonrpc":"2.0","method":5,"params":{},"id":1}"#);
+        assert!(matches!(e, EnvelopeError::Invalid { reason: "method_type", .. }));
+        let (e, _) = err(r#"{"jsonrpc":"2.0","method":"rpc","params":{},"id":{}}"#);
+        assert!(matches!(e, EnvelopeError::Invalid { reason: "id_type", .. }));
+        let (e, _) = err(r#"{"jsonrpc":"2.0","method":"rpc","params":{}}"#);
+        assert!(matches!(e, EnvelopeError::Invalid { reason: "id_missing", .. }));
+    }
+
+    #[test]
+    fn params_errors_name_the_field() {
+        let cases = [
+            (r#"{"jsonrpc":"2.0","method":"rpc","id":1}"#, "params"),
+            (r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":[]}"#, "params"),
+            (r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":{}}"#, "params.message"),
+            (r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":{"message":"x"}}"#, "params.message"),
+            (r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":{"message":{"command":"fly"}}}"#, "params.message.command"),
+            (r#"{"jsonrpc":"2.0","method":"stream","id":1,"params":{"message":{"command":"get"}}}"#, "params.message.command"),
+            (r#"{"jsonrpc":"2.0","method":"stream","id":1,"params":{"message":{"command":"re-stream"}}}"#, "params.message.taskId"),
+            (r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":{"message":{"senderId":3}}}"#, "params.message.senderId"),
+            (r#"{"jsonrpc":"2.0","method":"notification/set","id":1,"params":{"taskId":"t","token":"x"}}"#, "params.url"),
+            (r#"{"jsonrpc":"2.0","method":"notification/set","id":1,"params":{"taskId":"t","url":"u"}}"#, "params.token"),
+            (r#"{"jsonrpc":"2.0","method":"notification/get","id":1,"params":{}}"#, "params.taskId"),
+            (r#"{"jsonrpc":"2.0","method":"notification/delete","id":1,"params":{"taskId":1}}"#, "params.taskId"),
+        ];
+        for (body, field) in cases {
+            match err(body).0 {
+                EnvelopeError::InvalidParams { field: f, .. } => assert_eq!(f, field, "{body}"),
+                other => panic!("{body}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn other_methods_validate() {
+        let e = ok(r#"{"jsonrpc":"2.0","method":"notification/set","id":"n","params":{"url":"https://l/cb","token":"t","taskId":"t9"}}"#);
+        assert_eq!(e.method, Method::NotificationSet);
+        assert_eq!(e.task_id.as_deref(), Some("t9"));
+        let e = ok(r#"{"jsonrpc":"2.0","method":"group","id":2,"params":{"groupId":"g"}}"#);
+        assert_eq!(e.method, Method::Group);
+        let e = ok(r#"{"jsonrpc":"2.0","method":"notification/start","id":2,"params":{"message":{"command":"start","taskId":"a"}}}"#);
+        assert_eq!(e.method, Method::NotificationStart);
+    }
+
+    #[test]
+    fn escaped_strings_are_read() {
+        let e = ok(r#"{"jsonrpc":"2\u002e0","method":"r\u0070c","id":1,"params":{"message":{"taskId":"t\n1"}}}"#);
+        assert_eq!(e.method, Method::Rpc);
+        assert_eq!(e.task_id.as_deref(), Some("t\n1"));
+    }
+}

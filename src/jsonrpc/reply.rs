@@ -1,0 +1,112 @@
+//! JSON-RPC error bodies made by the gateway.
+//!
+//! The request id is spliced in as the exact bytes the client sent (a slice of the body,
+//! not a copy), so an id such as `12345678901234567890123` comes back unchanged.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+/// The raw JSON text of a request id (`"abc"`, `42`, `null`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RpcId(Bytes);
+
+impl RpcId {
+    /// `null`: the id when the request gave none or could not be read.
+    pub fn null() -> Self {
+        RpcId(Bytes::from_static(b"null"))
+    }
+
+    /// The id as a slice of the request body it was parsed from (no copy).
+    ///
+    /// `raw` must borrow from `body`, as every `&RawValue` parsed from it does.
+    pub fn from_body(body: &Bytes, raw: &RawValue) -> Self {
+        let text = raw.get().as_bytes();
+        let start = text.as_ptr() as usize;
+        let base = body.as_ptr() as usize;
+        if start >= base && start + text.len() <= base + body.len() {
+            RpcId(body.slice_ref(text))
+        } else {
+            RpcId(Bytes::copy_from_slice(text))
+        }
+    }
+
+    /// The id's JSON text.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// `error.data` of a gateway-made error.
+#[derive(Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ErrorData {
+    /// Short snake_case reason; doubles as a metrics label.
+    pub reason: &'static str,
+    /// The offending field (`-32602`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<&'static str>,
+    /// A human detail.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// The Partner the request was for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partner: Option<String>,
+}
+
+#[derive(Serialize)]
+struct ErrorObject<'a> {
+    code: i32,
+    message: &'a str,
+    data: &'a ErrorData,
+}
+
+/// `{"jsonrpc":"2.0","id":<id>,"error":{"code":..,"message":..,"data":{..}}}`.
+pub fn error_body(id: &RpcId, code: i32, message: &str, data: &ErrorData) -> Bytes {
+    let error = serde_json::to_vec(&ErrorObject {
+        code,
+        message,
+        data,
+    })
+    .unwrap_or_else(|_| br#"{"code":-32603,"message":"Internal error"}"#.to_vec());
+    let mut out = BytesMut::with_capacity(40 + id.as_bytes().len() + error.len());
+    out.put_slice(br#"{"jsonrpc":"2.0","id":"#);
+    out.put_slice(id.as_bytes());
+    out.put_slice(br#","error":"#);
+    out.put_slice(&error);
+    out.put_u8(b'}');
+    out.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn id_is_a_slice_of_the_body() {
+        let body = Bytes::from_static(br#"{"id":12345678901234567890123}"#);
+        #[derive(serde::Deserialize)]
+        struct W<'a> {
+            #[serde(borrow)]
+            id: &'a RawValue,
+        }
+        let w: W<'_> = serde_json::from_slice(&body).unwrap();
+        let id = RpcId::from_body(&body, w.id);
+        assert_eq!(id.as_bytes(), b"12345678901234567890123");
+        assert_eq!(id.as_bytes().as_ptr(), body[6..].as_ptr());
+        let out = error_body(
+            &id,
+            -32600,
+            "Invalid Request",
+            &ErrorData {
+                reason: "x",
+                ..Default::default()
+            },
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["error"]["data"]["reason"], "x");
+        assert!(std::str::from_utf8(&out)
+            .unwrap()
+            .contains(r#""id":12345678901234567890123,"#));
+    }
+}

@@ -1,0 +1,52 @@
+//! # aipgw — a gateway for AIP Partner agents
+//!
+//! AIP (Agent Interaction Protocol) is JSON-RPC 2.0 over HTTPS with mutual TLS 1.3.
+//! aipgw terminates that TLS, derives the caller's AIC (Agent Identity Code) from its
+//! certificate once per connection, validates the JSON-RPC envelope without copying it,
+//! and forwards the original bytes to the right Partner.
+//!
+//! ## The request flow
+//! ```text
+//! server      accept (connection cap) -> TLS 1.3 handshake (timeout) -> identity::authenticate
+//!             (once per connection) -> HTTP/1.1 or HTTP/2 by ALPN
+//! proxy       per request: body::read (size + time bounded, one allocation)
+//!             -> jsonrpc::envelope::parse (borrowed) -> authentication verdict
+//!             -> routing::Router::route -> envelope semantics -> senderId binding
+//!             -> upstream::UpstreamPool::forward (same Bytes) -> response streamed back
+//! error       every failure is one GatewayError, mapped to HTTP status + JSON-RPC error
+//!             in exactly one place (GatewayError::into_response)
+//! ```
+//!
+//! ## Modules
+//! - [`config`]: TOML -> validated [`config::Config`]; nothing is re-checked per request.
+//! - [`server`]: accept loop, handshake timeout, connection cap, idle and drain handling.
+//! - [`tls`]: rustls server config (deferred or strict client verification), upstream
+//!   client config (Partner CA, gateway client cert, Partner AIC pinning), PEM loading.
+//! - [`identity`]: AIC format and check code; certificate -> AIC (pure functions).
+//! - [`jsonrpc`]: borrowed envelope parse, method/command vocabulary, error bodies.
+//! - [`routing`]: the Partner table: host + path -> Partner and method.
+//! - [`upstream`]: pooled clients to Partners, timeouts, identity headers.
+//! - [`proxy`]: the per-request pipeline tying the above together.
+//! - [`body`]: bounded request body reading.
+//! - [`error`]: the one error type and its mapping.
+//! - [`devcerts`]: development certificate generation (rcgen).
+//! - [`demo`]: a demo Partner implementing the AIP task state machine.
+//! - [`cli`]: the command line.
+
+pub mod body;
+pub mod cli;
+pub mod config;
+pub mod demo;
+pub mod devcerts;
+pub mod error;
+pub mod gateway;
+pub mod identity;
+pub mod jsonrpc;
+pub mod proxy;
+pub mod routing;
+pub mod server;
+pub mod tls;
+pub mod upstream;
+
+pub use error::GatewayError;
+pub use gateway::Gateway;

@@ -1,0 +1,254 @@
+//! The per-request pipeline. In order:
+//! 1. only `POST` carries JSON-RPC;
+//! 2. the body is read once, bounded in size and time;
+//! 3. the envelope is parsed by borrowing (syntax only), which yields the id to echo;
+//! 4. the connection's identity verdict (computed at the handshake) is applied: no
+//!    request goes further without a verified AIC;
+//! 5. the host and path pick a Partner;
+//! 6. the envelope's semantics are checked, the path's method must match the body's, and
+//!    `params.message.senderId` must be the caller's own AIC;
+//! 7. the same body `Bytes` goes to the Partner with identity headers, and the response
+//!    streams back.
+//!
+//! Every failure is a [`GatewayError`] paired with the request id, turned into a response
+//! only by `GatewayError::into_response`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response};
+use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full};
+use hyper::body::Incoming;
+
+use crate::body::{read_bounded, BodyError};
+use crate::error::GatewayError;
+use crate::gateway::Snapshot;
+use crate::identity::{ConnAuth, PeerIdentity};
+use crate::jsonrpc::{self, RpcId};
+use crate::routing::{request_host, Route};
+
+/// Errors inside response bodies.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The body of every response the gateway sends.
+pub type ResponseBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// Header carrying the caller's verified AIC to the Partner.
+pub const CLIENT_AIC_HEADER: &str = "x-aip-client-aic";
+/// Header carrying the SHA-256 of the caller's certificate to the Partner.
+pub const CLIENT_CERT_HEADER: &str = "x-aip-client-cert-sha256";
+
+/// What a request knows about its connection; fixed at the handshake.
+#[derive(Debug)]
+pub struct ConnInfo {
+    /// The client's address.
+    pub peer: SocketAddr,
+    /// The identity verdict.
+    pub auth: ConnAuth,
+    /// TLS SNI, when sent.
+    pub sni: Option<String>,
+}
+
+type Failure = (GatewayError, RpcId);
+
+/// Handles one request; never fails (errors become JSON-RPC error responses).
+pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, snap: &Snapshot) -> Response<ResponseBody> {
+    match pipeline(req, conn, snap).await {
+        Ok(resp) => resp,
+        Err((err, id)) => {
+            tracing::debug!(peer = %conn.peer, reason = err.reason(), error = %err, "request refused");
+            err.into_response(&id).map(full)
+        }
+    }
+}
+
+/// A complete body from bytes.
+pub fn full(b: Bytes) -> ResponseBody {
+    Full::new(b).map_err(|never| match never {}).boxed_unsync()
+}
+
+fn with_id<T>(r: Result<T, GatewayError>, id: &RpcId) -> Result<T, Failure> {
+    r.map_err(|e| (e, id.clone()))
+}
+
+async fn pipeline(req: Request<Incoming>, conn: &ConnInfo, snap: &Snapshot) -> Result<Response<ResponseBody>, Failure> {
+    let cfg = &snap.config;
+    let (parts, body) = req.into_parts();
+    if parts.method != http::Method::POST {
+        return Err((GatewayError::HttpMethod(parts.method), RpcId::null()));
+    }
+    let content_length = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let read = read_bounded(body, content_length, cfg.max_body_bytes);
+    let body = match tokio::time::timeout(cfg.listener.body_read_timeout, read).await {
+        Err(_) => return Err((GatewayError::BodyTimeout, RpcId::null())),
+        Ok(Err(BodyError::TooLarge)) => {
+            let limit = cfg.max_body_bytes;
+            return Err((GatewayError::BodyTooLarge { limit }, RpcId::null()));
+        }
+        Ok(Err(BodyError::Read)) => return Err((GatewayError::BodyRead, RpcId::null())),
+        Ok(Ok(b)) => b,
+    };
+
+    let parsed = jsonrpc::parse(&body);
+    let raw_id = match &parsed {
+        Ok(p) => p.id(),
+        Err(f) => f.id,
+    };
+    let id = raw_id.map_or_else(RpcId::null, |r| RpcId::from_body(&body, r));
+
+    let identity: Arc<PeerIdentity> = match &conn.auth {
+        ConnAuth::Verified(i) => i.clone(),
+        ConnAuth::Missing => return Err((GatewayError::AuthenticationRequired, id)),
+        ConnAuth::Rejected(e) => return Err((GatewayError::InvalidCredential(*e), id)),
+    };
+    let parsed = with_id(parsed.map_err(|f| f.error.into()), &id)?;
+
+    let host = request_host(&parts.uri, &parts.headers, conn.sni.as_deref());
+    let route: Route = with_id(
+        snap.router
+            .route(host.as_deref(), parts.uri.path())
+            .ok_or_else(|| GatewayError::NoRoute(parts.uri.path().to_owned())),
+        &id,
+    )?;
+
+    let envelope = with_id(parsed.validate().map_err(GatewayError::from), &id)?;
+    let method = envelope.method;
+    if let Some(path_method) = route.path_method {
+        if path_method != method {
+            let body_method = method.name().to_owned();
+            return Err((
+                GatewayError::MethodPathMismatch {
+                    path: path_method.name(),
+                    body: body_method,
+                },
+                id,
+            ));
+        }
+    }
+    if let Some(sender) = envelope.message.as_ref().and_then(|m| m.sender_id.as_deref()) {
+        if sender != identity.aic.as_str() {
+            let detail = format!(
+                "senderId {sender:?} is not the caller's certificate AIC {}",
+                identity.aic
+            );
+            return Err((
+                GatewayError::Forbidden {
+                    reason: "sender_mismatch",
+                    detail,
+                },
+                id,
+            ));
+        }
+    }
+
+    let partner = &route.partner;
+    let mut upstream = Request::new(Full::new(body));
+    *upstream.method_mut() = http::Method::POST;
+    *upstream.uri_mut() = partner.pool.target(partner.path_for(method));
+    *upstream.headers_mut() = upstream_headers(&parts.headers, &identity, conn.peer);
+    let resp = with_id(partner.pool.send(upstream).await, &id)?;
+    Ok(relay_response(resp))
+}
+
+/// Headers that describe one hop and must not be forwarded (RFC 9110 7.6.1), plus
+/// those set by the gateway itself.
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
+
+/// Header names listed in `Connection:` (also hop-by-hop).
+fn connection_listed(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect()
+}
+
+fn copy_end_to_end(src: &HeaderMap, extra_skip: impl Fn(&HeaderName) -> bool) -> HeaderMap {
+    let listed = connection_listed(src);
+    let mut out = HeaderMap::with_capacity(src.len() + 4);
+    for (name, value) in src {
+        if is_hop_by_hop(name) || listed.contains(name) || extra_skip(name) {
+            continue;
+        }
+        out.append(name.clone(), value.clone());
+    }
+    out
+}
+
+/// The request headers for the Partner: end-to-end client headers, minus anything the
+/// client claims about its identity, plus the verified identity.
+pub fn upstream_headers(src: &HeaderMap, identity: &PeerIdentity, peer: SocketAddr) -> HeaderMap {
+    let mut out = copy_end_to_end(src, |n| {
+        n == header::HOST
+            || n == header::CONTENT_LENGTH
+            || n.as_str().starts_with("x-aip-client-")
+            || n.as_str() == "x-forwarded-for"
+            || n.as_str() == "x-forwarded-proto"
+    });
+    let value = |s: &str| HeaderValue::from_str(s).unwrap_or(HeaderValue::from_static(""));
+    out.insert(CLIENT_AIC_HEADER, value(identity.aic.as_str()));
+    out.insert(CLIENT_CERT_HEADER, value(&identity.cert_sha256));
+    out.insert("x-forwarded-for", value(&peer.ip().to_string()));
+    out.insert("x-forwarded-proto", HeaderValue::from_static("https"));
+    out
+}
+
+/// The Partner's response, streamed back with hop-by-hop headers removed.
+fn relay_response(resp: Response<Incoming>) -> Response<ResponseBody> {
+    let (parts, body) = resp.into_parts();
+    let mut out = Response::new(body.map_err(BoxError::from).boxed_unsync());
+    *out.status_mut() = parts.status;
+    *out.headers_mut() = copy_end_to_end(&parts.headers, |_| false);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::Aic;
+
+    #[test]
+    fn identity_headers_replace_client_claims() {
+        let mut h = HeaderMap::new();
+        h.insert("x-aip-client-aic", "ZZZZ".parse().unwrap());
+        h.insert("X-AIP-Client-Cert-SHA256", "forged".parse().unwrap());
+        h.insert("connection", "keep-alive, x-private".parse().unwrap());
+        h.insert("x-private", "1".parse().unwrap());
+        h.insert("te", "trailers".parse().unwrap());
+        h.insert("content-type", "application/json".parse().unwrap());
+        h.insert("traceparent", "00-abc-def-01".parse().unwrap());
+        let id = PeerIdentity {
+            aic: Aic::parse("10001000011K912345E789ABCDEF2353").unwrap(),
+            cert_sha256: "ab".repeat(32),
+        };
+        let out = upstream_headers(&h, &id, "127.0.0.9:5".parse().unwrap());
+        assert_eq!(out["x-aip-client-aic"], "10001000011K912345E789ABCDEF2353");
+        assert_eq!(out.get_all("x-aip-client-aic").iter().count(), 1);
+        assert_eq!(out["x-aip-client-cert-sha256"], "ab".repeat(32).as_str());
+        assert!(out.get("connection").is_none() && out.get("x-private").is_none());
+        assert!(out.get("te").is_none());
+        assert_eq!(out["content-type"], "application/json");
+        assert_eq!(out["traceparent"], "00-abc-def-01");
+        assert_eq!(out["x-forwarded-for"], "127.0.0.9");
+    }
+}

@@ -1,0 +1,259 @@
+//! The listening side: accept loop, connection cap, TLS handshake timeout, identity once
+//! per connection, HTTP/1.1 or HTTP/2 by ALPN, idle timeout and graceful drain.
+//!
+//! `run` takes an already-bound listener, so tests bind `127.0.0.1:0` and read the port.
+//! Must not: look inside requests (that is `proxy`).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::server::conn::{http1, http2};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulConnection;
+use rustls::pki_types::UnixTime;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
+
+use crate::gateway::{Gateway, Snapshot};
+use crate::identity::{self, ConnAuth};
+use crate::proxy::{self, BoxError, ConnInfo, ResponseBody};
+
+/// Serves until `shutdown` completes, then stops accepting, asks every connection to
+/// finish its in-flight requests, and waits for them up to `listener.drain_timeout`.
+pub async fn run(
+    listener: TcpListener,
+    gateway: Arc<Gateway>,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let snap = gateway.snapshot();
+    let max = snap.config.listener.max_connections;
+    let drain_timeout = snap.config.listener.drain_timeout;
+    let permits = Arc::new(Semaphore::new(max));
+    let (drain_tx, drain_rx) = watch::channel(false);
+    tokio::pin!(shutdown);
+    loop {
+        // Waiting for a permit before accepting leaves excess clients in the kernel's
+        // accept queue (backpressure) instead of accepting and dropping them.
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => p?,
+            _ = &mut shutdown => break,
+        };
+        let (tcp, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    // EMFILE and friends: back off briefly rather than spin.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let snap = gateway.snapshot();
+        tokio::spawn(serve_connection(
+            tcp,
+            peer,
+            snap,
+            drain_rx.clone(),
+            permit,
+        ));
+    }
+    drop(listener);
+    let _ = drain_tx.send(true);
+    // Every connection holds a permit: all of them back means all connections ended.
+    let all = u32::try_from(max).unwrap_or(u32::MAX);
+    if tokio::time::timeout(drain_timeout, permits.acquire_many(all))
+        .await
+        .is_err()
+    {
+        tracing::warn!("drain timeout: closing remaining connections");
+    }
+    Ok(())
+}
+
+async fn serve_connection(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    snap: Arc<Snapshot>,
+    drain: watch::Receiver<bool>,
+    _permit: OwnedSemaphorePermit,
+) {
+    let l = &snap.config.listener;
+    let _ = tcp.set_nodelay(true);
+    let acceptor = TlsAcceptor::from(snap.tls.config.clone());
+    let tls = match tokio::time::timeout(l.handshake_timeout, acceptor.accept(tcp)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "TLS handshake timed out");
+            return;
+        }
+    };
+    let (_, session) = tls.get_ref();
+    // The one identity computation of this connection.
+    let auth = identity::authenticate(
+        session.peer_certificates(),
+        snap.tls.deferred_chain_verifier.as_deref(),
+        &snap.config.aic_domain_suffix,
+        UnixTime::now(),
+    );
+    if let ConnAuth::Rejected(e) = &auth {
+        tracing::info!(%peer, reason = e.reason(), "client certificate rejected");
+    }
+    let h2 = session.alpn_protocol() == Some(b"h2".as_slice());
+    let conn = Arc::new(ConnInfo {
+        peer,
+        auth,
+        sni: session.server_name().map(str::to_owned),
+    });
+    let activity = Arc::new(Activity::new());
+    let svc = {
+        let activity = activity.clone();
+        let snap = snap.clone();
+        service_fn(move |req| {
+            let guard = activity.begin();
+            let conn = conn.clone();
+            let snap = snap.clone();
+            async move {
+                let resp = proxy::handle(req, &conn, &snap).await;
+                Ok::<_, Infallible>(resp.map(|body| Tracked { body, _guard: guard }))
+            }
+        })
+    };
+    let io = TokioIo::new(tls);
+    if h2 {
+        let mut b = http2::Builder::new(TokioExecutor::new());
+        b.timer(TokioTimer::new())
+            .max_concurrent_streams(l.http2_max_concurrent_streams)
+            .keep_alive_interval(Some(l.idle_timeout))
+            .keep_alive_timeout(l.header_read_timeout);
+        drive(b.serve_connection(io, svc), &activity, l.idle_timeout, drain).await;
+    } else {
+        let mut b = http1::Builder::new();
+        b.timer(TokioTimer::new())
+            .header_read_timeout(l.header_read_timeout)
+            .keep_alive(true);
+        drive(b.serve_connection(io, svc), &activity, l.idle_timeout, drain).await;
+    }
+}
+
+/// Runs a connection to its end; on drain or idleness asks it to finish gracefully
+/// (in-flight requests complete, then it closes).
+async fn drive<C>(conn: C, activity: &Activity, idle: Duration, mut drain: watch::Receiver<bool>)
+where
+    C: GracefulConnection,
+    C::Error: std::fmt::Display,
+{
+    tokio::pin!(conn);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            res = conn.as_mut() => {
+                if let Err(e) = res {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            _ = drain.changed(), if !closing => {
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            _ = activity.idle_for(idle), if !closing => {
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}
+
+/// In-flight requests of one connection, and when the last one ended.
+struct Activity {
+    active: AtomicUsize,
+    last_end: Mutex<Instant>,
+    changed: Notify,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            active: AtomicUsize::new(0),
+            last_end: Mutex::new(Instant::now()),
+            changed: Notify::new(),
+        }
+    }
+
+    fn begin(self: &Arc<Self>) -> ActivityGuard {
+        self.active.fetch_add(1, Ordering::AcqRel);
+        self.changed.notify_waiters();
+        ActivityGuard(self.clone())
+    }
+
+    /// Completes once no request has been in flight for `idle`.
+    async fn idle_for(&self, idle: Duration) {
+        loop {
+            // Created before the check, so a change in between still wakes us.
+            let changed = self.changed.notified();
+            if self.active.load(Ordering::Acquire) > 0 {
+                changed.await;
+                continue;
+            }
+            let deadline = *self.last_end.lock().unwrap_or_else(|e| e.into_inner()) + idle;
+            if Instant::now() >= deadline {
+                return;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => {}
+                _ = changed => {}
+            }
+        }
+    }
+}
+
+/// Marks a request in flight until its response body is done (or dropped).
+struct ActivityGuard(Arc<Activity>);
+
+impl Drop for ActivityGuard {
+    fn drop(&mut self) {
+        *self.0.last_end.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        self.0.active.fetch_sub(1, Ordering::AcqRel);
+        self.0.changed.notify_waiters();
+    }
+}
+
+/// A response body that holds its request's [`ActivityGuard`].
+struct Tracked {
+    body: ResponseBody,
+    _guard: ActivityGuard,
+}
+
+impl Body for Tracked {
+    type Data = Bytes;
+    type Error = BoxError;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}

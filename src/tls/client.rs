@@ -1,0 +1,120 @@
+//! TLS to Partners: the Partner's CA, the gateway's own client certificate (reference
+//! Partners require mutual TLS), and, when the config names the Partner's AIC, a check
+//! that the Partner's certificate carries exactly that AIC.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{
+    CertificateError, ClientConfig, DigitallySignedStruct, Error as TlsError, RootCertStore,
+    SignatureScheme,
+};
+
+use super::pem;
+use super::server::provider;
+use crate::config::PartnerTlsConfig;
+use crate::identity::cert::aic_from_certificate;
+use crate::identity::Aic;
+
+/// The error a Partner certificate gets when its AIC is not the configured one.
+#[derive(Debug, thiserror::Error)]
+#[error("Partner certificate AIC is not {expected}")]
+pub struct PartnerAicMismatch {
+    /// The AIC the config requires.
+    pub expected: Aic,
+}
+
+/// Builds the client config for one Partner.
+pub fn partner_client_config(
+    tls: &PartnerTlsConfig,
+    expected_aic: Option<Aic>,
+    aic_suffix: &str,
+) -> anyhow::Result<ClientConfig> {
+    let mut roots = RootCertStore::empty();
+    for cert in pem::load_certs(&tls.ca)? {
+        roots
+            .add(cert)
+            .with_context(|| format!("{}: not a usable CA certificate", tls.ca.display()))?;
+    }
+    let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
+        .build()
+        .context("tls.ca")?;
+    let verifier = Arc::new(PartnerVerifier {
+        inner,
+        expected_aic,
+        aic_suffix: aic_suffix.to_owned(),
+    });
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .context("TLS 1.3")?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier);
+    let mut config = match &tls.client_cert {
+        Some((cert, key)) => builder
+            .with_client_auth_cert(pem::load_certs(cert)?, pem::load_key(key)?)
+            .context("tls.cert/tls.key: the key does not match the certificate")?,
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// WebPKI server verification, then the Partner AIC pin.
+#[derive(Debug)]
+struct PartnerVerifier {
+    inner: Arc<WebPkiServerVerifier>,
+    expected_aic: Option<Aic>,
+    aic_suffix: String,
+}
+
+impl ServerCertVerifier for PartnerVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, TlsError> {
+        let ok = self.inner.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        )?;
+        if let Some(expected) = self.expected_aic {
+            match aic_from_certificate(end_entity, &self.aic_suffix) {
+                Ok(aic) if aic == expected => {}
+                _ => {
+                    return Err(TlsError::InvalidCertificate(CertificateError::Other(
+                        rustls::OtherError(Arc::new(PartnerAicMismatch { expected })),
+                    )))
+                }
+            }
+        }
+        Ok(ok)
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, TlsError> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, TlsError> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}

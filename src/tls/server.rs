@@ -1,0 +1,198 @@
+//! The listener's rustls configuration: TLS 1.3 only, ALPN h2 and http/1.1, and client
+//! certificates verified against the configured CAs and CRLs.
+//!
+//! Two modes (`listener.client_auth`):
+//! - `strict`: [`StrictVerifier`] fails the handshake on a missing or bad certificate,
+//!   including one that carries no valid AIC.
+//! - `jsonrpc`: [`DeferredVerifier`] lets every handshake complete, but still checks the
+//!   CertificateVerify signature (the client proves it holds the key); the chain is then
+//!   verified once per connection by `identity::authenticate` with the very same
+//!   WebPKI verifier, so both modes are equally strict. The verdict becomes a JSON-RPC
+//!   error on each request instead of a handshake alert the Leader cannot read.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{
+    CertificateError, DigitallySignedStruct, DistinguishedName, Error as TlsError,
+    RootCertStore, ServerConfig, SignatureScheme,
+};
+
+use super::pem;
+use crate::config::{ClientAuthMode, ListenerConfig};
+use crate::identity::cert::aic_from_certificate;
+
+/// What the accept loop needs: the rustls config, and the chain verifier to run after
+/// the handshake when it was deferred.
+#[derive(Clone)]
+pub struct ServerTls {
+    /// The rustls server configuration.
+    pub config: Arc<ServerConfig>,
+    /// `Some` in `jsonrpc` mode: verify the chain after the handshake with this.
+    pub deferred_chain_verifier: Option<Arc<dyn ClientCertVerifier>>,
+}
+
+/// The crypto provider used everywhere (ring).
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The WebPKI client verifier for the configured CAs and CRLs.
+pub fn client_chain_verifier(l: &ListenerConfig) -> anyhow::Result<Arc<dyn ClientCertVerifier>> {
+    let mut roots = RootCertStore::empty();
+    for path in &l.client_ca {
+        for cert in pem::load_certs(path)? {
+            roots
+                .add(cert)
+                .with_context(|| format!("{}: not a usable CA certificate", path.display()))?;
+        }
+    }
+    let mut crls = Vec::new();
+    for path in &l.crl {
+        crls.extend(pem::load_crls(path)?);
+    }
+    let mut builder =
+        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider()).with_crls(crls);
+    if !l.allow_expired_crl {
+        builder = builder.enforce_revocation_expiration();
+    }
+    if l.allow_unknown_revocation_status {
+        builder = builder.allow_unknown_revocation_status();
+    }
+    builder.build().context("listener: cannot build the client verifier")
+}
+
+/// Builds the listener's TLS settings.
+pub fn build(l: &ListenerConfig, aic_suffix: &str) -> anyhow::Result<ServerTls> {
+    let chain = client_chain_verifier(l)?;
+    let (verifier, deferred): (Arc<dyn ClientCertVerifier>, _) = match l.client_auth {
+        ClientAuthMode::Strict => (
+            Arc::new(StrictVerifier {
+                inner: chain,
+                aic_suffix: aic_suffix.to_owned(),
+            }),
+            None,
+        ),
+        ClientAuthMode::Jsonrpc => (
+            Arc::new(DeferredVerifier {
+                inner: chain.clone(),
+            }),
+            Some(chain),
+        ),
+    };
+    let certs = pem::load_certs(&l.cert).context("listener.cert")?;
+    let key = pem::load_key(&l.key).context("listener.key")?;
+    let mut config = ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .context("TLS 1.3")?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(certs, key)
+        .context("listener.cert/listener.key: the key does not match the certificate")?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(ServerTls {
+        config: Arc::new(config),
+        deferred_chain_verifier: deferred,
+    })
+}
+
+/// `jsonrpc` mode: accepts any chain during the handshake (it is verified right after),
+/// but always checks the handshake signature against the presented certificate.
+#[derive(Debug)]
+pub struct DeferredVerifier {
+    inner: Arc<dyn ClientCertVerifier>,
+}
+
+impl ClientCertVerifier for DeferredVerifier {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, TlsError> {
+        // Deferred to identity::authenticate, which runs `inner` on the same chain.
+        Ok(ClientCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, TlsError> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, TlsError> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// `strict` mode: the WebPKI chain check plus the AIC rules, both during the handshake.
+#[derive(Debug)]
+pub struct StrictVerifier {
+    inner: Arc<dyn ClientCertVerifier>,
+    aic_suffix: String,
+}
+
+impl ClientCertVerifier for StrictVerifier {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+    fn client_auth_mandatory(&self) -> bool {
+        true
+    }
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, TlsError> {
+        let ok = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        aic_from_certificate(end_entity, &self.aic_suffix)
+            .map_err(|_| TlsError::InvalidCertificate(CertificateError::ApplicationVerificationFailure))?;
+        Ok(ok)
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, TlsError> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, TlsError> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}

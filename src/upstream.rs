@@ -1,0 +1,157 @@
+//! The connecting side: pooled keep-alive clients to a Partner's upstreams.
+//!
+//! One pool per Partner (each has its own TLS settings); upstream URLs are used round
+//! robin. The request body is the client's original `Bytes`; the response body is
+//! streamed back as it arrives, never buffered. Failures are classified here into
+//! unavailable (502), TLS (502), timeout (504) or protocol (502).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, Uri};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use rustls::pki_types::ServerName;
+
+use crate::config::{PartnerConfig, UpstreamConfig};
+use crate::error::GatewayError;
+use crate::tls::client::{partner_client_config, PartnerAicMismatch};
+
+type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// Pooled clients to one Partner.
+pub struct UpstreamPool {
+    partner: String,
+    client: HttpClient,
+    upstreams: Vec<Uri>,
+    next: AtomicUsize,
+    response_timeout: Duration,
+}
+
+impl UpstreamPool {
+    /// Builds the pool (loads the Partner's TLS files).
+    pub fn new(
+        p: &PartnerConfig,
+        u: &UpstreamConfig,
+        aic_suffix: &str,
+    ) -> anyhow::Result<UpstreamPool> {
+        let tls = match &p.tls {
+            Some(t) => partner_client_config(t, p.aic, aic_suffix)?,
+            None => rustls::ClientConfig::builder_with_provider(crate::tls::server::provider())
+                .with_protocol_versions(&[&rustls::version::TLS13])?
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth(),
+        };
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(u.connect_timeout));
+        let builder = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http();
+        let builder = match p.tls.as_ref().and_then(|t| t.server_name.clone()) {
+            Some(name) => builder.with_server_name_resolver(move |_: &Uri| {
+                ServerName::try_from(name.clone())
+            }),
+            None => builder,
+        };
+        let connector = builder.enable_http1().enable_http2().wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(u.pool_idle_timeout)
+            .pool_max_idle_per_host(u.pool_max_idle_per_host)
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .build(connector);
+        Ok(UpstreamPool {
+            partner: p.name.clone(),
+            client,
+            upstreams: p.upstreams.clone(),
+            next: AtomicUsize::new(0),
+            response_timeout: u.response_timeout,
+        })
+    }
+
+    /// The next upstream URL (round robin) joined with a method path.
+    pub fn target(&self, path: &str) -> Uri {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.upstreams.len();
+        let base = &self.upstreams[i];
+        let base_path = base.path().trim_end_matches('/');
+        let mut parts = base.clone().into_parts();
+        parts.path_and_query = format!("{base_path}{path}").parse().ok();
+        Uri::from_parts(parts).unwrap_or_else(|_| base.clone())
+    }
+
+    /// Sends a request and waits for the response headers (bounded by
+    /// `upstream.response_timeout`); the body then streams.
+    pub async fn send(&self, req: Request<Full<Bytes>>) -> Result<Response<Incoming>, GatewayError> {
+        match tokio::time::timeout(self.response_timeout, self.client.request(req)).await {
+            Err(_) => Err(GatewayError::UpstreamTimeout {
+                partner: self.partner.clone(),
+            }),
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(e)) => Err(self.classify(&e)),
+        }
+    }
+
+    fn classify(&self, e: &hyper_util::client::legacy::Error) -> GatewayError {
+        let partner = self.partner.clone();
+        if let Some(tls) = find_tls_error(e) {
+            return GatewayError::UpstreamTls {
+                partner,
+                detail: tls,
+            };
+        }
+        let detail = error_chain(e);
+        if e.is_connect() {
+            GatewayError::UpstreamUnavailable { partner, detail }
+        } else {
+            GatewayError::UpstreamProtocol { partner, detail }
+        }
+    }
+}
+
+/// Walks an error's sources (and the errors wrapped in `io::Error`s, which `source`
+/// skips) looking for a rustls error.
+fn find_tls_error(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(t) = err.downcast_ref::<rustls::Error>() {
+            return Some(describe_tls(t));
+        }
+        if let Some(inner) = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            if let Some(t) = inner.downcast_ref::<rustls::Error>() {
+                return Some(describe_tls(t));
+            }
+        }
+        cur = err.source();
+    }
+    None
+}
+
+fn describe_tls(e: &rustls::Error) -> String {
+    if let rustls::Error::InvalidCertificate(rustls::CertificateError::Other(o)) = e {
+        if let Some(m) = o.0.downcast_ref::<PartnerAicMismatch>() {
+            return m.to_string();
+        }
+    }
+    e.to_string()
+}
+
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(err) = cur {
+        out.push_str(": ");
+        out.push_str(&err.to_string());
+        cur = err.source();
+    }
+    out
+}
