@@ -1,1 +1,52 @@
-//! cli
+//! The command line (clap). `main` only parses, sets up logging and dispatches here.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+/// aipgw: a gateway for AIP Partner agents.
+#[derive(Debug, Parser)]
+#[command(name = "aipgw", version, about)]
+pub struct Cli {
+    /// Log filter (tracing EnvFilter syntax); RUST_LOG overrides it.
+    #[arg(long, global = true, default_value = "info")]
+    pub log: String,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the gateway.
+    Run {
+        /// Config file.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Load and validate a config, including every certificate and key it names.
+    Check {
+        /// Config file.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Run the gateway in front of the demo Partner with the development certificates.
+    Demo {
+        /// Config file.
+        #[arg(long, short, default_value = "config/aipgw.toml")]
+        config: PathBuf,
+    },
+    /// Run the demo Partner alone (plain HTTP).
+    DemoPartner {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:9021")]
+        bind: String,
+    },
+    /// Write development certificates (a CA, gateway, Leaders, Partner).
+    DevCerts {
+        /// Output folder.
+        #[arg(long, default_value = "certs")]
+        out: PathBuf,
+    },
+}
