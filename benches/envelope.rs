@@ -1,1 +1,83 @@
-fn main(){}
+//! Envelope validation cost against plain serde_json parses of the same bytes.
+//!
+//! - `ignored_any`: syntax check only (the floor for any JSON reader);
+//! - `plain_borrowed`: a borrowed struct `{jsonrpc: &str, method: &str, id: &RawValue,
+//!   params: &RawValue}`, the baseline the issue names;
+//! - `aipgw_validate`: `jsonrpc::parse` + `Parsed::validate` (every envelope check);
+//! - `value_tree`: `serde_json::Value`, for reference.
+#![allow(missing_docs)]
+
+use std::hint::black_box;
+
+use aipgw::jsonrpc;
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct Plain<'a> {
+    jsonrpc: &'a str,
+    method: &'a str,
+    #[serde(borrow)]
+    id: &'a RawValue,
+    #[serde(borrow)]
+    params: &'a RawValue,
+}
+
+/// An AIP `rpc` start message of about `size` bytes (the text item is padded).
+fn message(size: usize) -> Vec<u8> {
+    let head = r#"{"jsonrpc":"2.0","method":"rpc","id":"req-0001","params":{"message":{"type":"message","id":"msg-5678","sentAt":"2025-09-01T11:58:00+08:00","senderRole":"leader","senderId":"10001000011K912345E789ABCDEF2353","command":"start","commandParams":{"responseTimeout":30},"dataItems":[{"type":"text","text":""#;
+    let tail = r#""}],"taskId":"task-1234","sessionId":"session-91011"}}}"#;
+    let pad = size.saturating_sub(head.len() + tail.len());
+    let text: String = "Plan a three day cultural trip. "
+        .chars()
+        .cycle()
+        .take(pad)
+        .collect();
+    format!("{head}{text}{tail}").into_bytes()
+}
+
+fn bench(c: &mut Criterion) {
+    let mut g = c.benchmark_group("envelope");
+    for (name, size) in [("400B", 400), ("1.5KB", 1536), ("64KB", 65536)] {
+        let body = message(size);
+        assert!(jsonrpc::parse(&body).ok().unwrap().validate().is_ok());
+        g.throughput(Throughput::Bytes(body.len() as u64));
+        g.bench_with_input(BenchmarkId::new("ignored_any", name), &body, |b, body| {
+            b.iter(|| serde_json::from_slice::<IgnoredAny>(black_box(body)).unwrap())
+        });
+        g.bench_with_input(
+            BenchmarkId::new("plain_borrowed", name),
+            &body,
+            |b, body| {
+                b.iter(|| {
+                    let p: Plain<'_> = serde_json::from_slice(black_box(body)).unwrap();
+                    black_box(p.method.len())
+                })
+            },
+        );
+        g.bench_with_input(
+            BenchmarkId::new("aipgw_validate", name),
+            &body,
+            |b, body| {
+                b.iter(|| {
+                    let e = jsonrpc::parse(black_box(body))
+                        .ok()
+                        .unwrap()
+                        .validate()
+                        .unwrap();
+                    black_box(e.method)
+                })
+            },
+        );
+        g.bench_with_input(BenchmarkId::new("value_tree", name), &body, |b, body| {
+            b.iter(|| serde_json::from_slice::<serde_json::Value>(black_box(body)).unwrap())
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

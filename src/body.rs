@@ -72,7 +72,11 @@ mod tests {
     use http_body_util::{Full, StreamBody};
     use std::convert::Infallible;
 
-    fn chunks(parts: &[&'static [u8]]) -> StreamBody<impl futures_util::Stream<Item = Result<http_body::Frame<Bytes>, Infallible>> + Unpin> {
+    fn chunks(
+        parts: &[&'static [u8]],
+    ) -> StreamBody<
+        impl futures_util::Stream<Item = Result<http_body::Frame<Bytes>, Infallible>> + Unpin,
+    > {
         let frames: Vec<_> = parts
             .iter()
             .map(|p| Ok(http_body::Frame::data(Bytes::from_static(p))))
@@ -84,14 +88,18 @@ mod tests {
     async fn single_frame_is_the_same_allocation() {
         let data = Bytes::from(vec![b'x'; 100]);
         let ptr = data.as_ptr();
-        let out = read_bounded(Full::new(data), Some(100), 1000).await.unwrap();
+        let out = read_bounded(Full::new(data), Some(100), 1000)
+            .await
+            .unwrap();
         assert_eq!(out.as_ptr(), ptr);
         assert_eq!(out.len(), 100);
     }
 
     #[tokio::test]
     async fn several_frames_are_joined() {
-        let out = read_bounded(chunks(&[b"ab", b"cd", b"e"]), None, 10).await.unwrap();
+        let out = read_bounded(chunks(&[b"ab", b"cd", b"e"]), None, 10)
+            .await
+            .unwrap();
         assert_eq!(&out[..], b"abcde");
     }
 
@@ -106,7 +114,10 @@ mod tests {
             Err(BodyError::TooLarge)
         );
         assert_eq!(
-            read_bounded(chunks(&[b"1234567890"]), None, 10).await.unwrap().len(),
+            read_bounded(chunks(&[b"1234567890"]), None, 10)
+                .await
+                .unwrap()
+                .len(),
             10
         );
     }

@@ -262,13 +262,19 @@ pub fn write_dev_certs(dir: &Path) -> anyhow::Result<()> {
     write("ca.pem", &ca.cert_pem())?;
     write("ca.key", &ca.key_pem())?;
     let set = [
-        ("gateway", CertSpec::server(&["localhost", "127.0.0.1", "::1"])),
+        (
+            "gateway",
+            CertSpec::server(&["localhost", "127.0.0.1", "::1"]),
+        ),
         ("gateway-client", {
             let mut s = CertSpec::leader_v2(DEV_GATEWAY_AIC);
             s.common_name = DEV_GATEWAY_AIC.to_owned();
             s
         }),
-        ("leader-v1", CertSpec::leader_v1(DEV_LEADER_V1_AIC, "acps.pub")),
+        (
+            "leader-v1",
+            CertSpec::leader_v1(DEV_LEADER_V1_AIC, "acps.pub"),
+        ),
         ("leader-v2", CertSpec::leader_v2(DEV_LEADER_V2_AIC)),
         (
             "partner",

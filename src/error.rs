@@ -138,29 +138,39 @@ impl GatewayError {
                     (StatusCode::BAD_REQUEST, INVALID_PARAMS, "invalid_params")
                 }
             },
-            GatewayError::BodyTooLarge { .. } => {
-                (StatusCode::PAYLOAD_TOO_LARGE, INVALID_REQUEST, "body_too_large")
-            }
+            GatewayError::BodyTooLarge { .. } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                INVALID_REQUEST,
+                "body_too_large",
+            ),
             GatewayError::BodyTimeout => {
                 (StatusCode::REQUEST_TIMEOUT, INVALID_REQUEST, "body_timeout")
             }
             GatewayError::BodyRead => (StatusCode::BAD_REQUEST, INVALID_REQUEST, "body_read"),
-            GatewayError::HttpMethod(_) => {
-                (StatusCode::METHOD_NOT_ALLOWED, INVALID_REQUEST, "http_method")
-            }
+            GatewayError::HttpMethod(_) => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                INVALID_REQUEST,
+                "http_method",
+            ),
             GatewayError::NoRoute(_) => (StatusCode::NOT_FOUND, METHOD_NOT_FOUND, "no_route"),
-            GatewayError::MethodPathMismatch { .. } => {
-                (StatusCode::BAD_REQUEST, INVALID_REQUEST, "method_path_mismatch")
-            }
-            GatewayError::UpstreamUnavailable { .. } => {
-                (StatusCode::BAD_GATEWAY, INTERNAL_ERROR, "upstream_unavailable")
-            }
+            GatewayError::MethodPathMismatch { .. } => (
+                StatusCode::BAD_REQUEST,
+                INVALID_REQUEST,
+                "method_path_mismatch",
+            ),
+            GatewayError::UpstreamUnavailable { .. } => (
+                StatusCode::BAD_GATEWAY,
+                INTERNAL_ERROR,
+                "upstream_unavailable",
+            ),
             GatewayError::UpstreamTls { .. } => {
                 (StatusCode::BAD_GATEWAY, INTERNAL_ERROR, "upstream_tls")
             }
-            GatewayError::UpstreamTimeout { .. } => {
-                (StatusCode::GATEWAY_TIMEOUT, INTERNAL_ERROR, "upstream_timeout")
-            }
+            GatewayError::UpstreamTimeout { .. } => (
+                StatusCode::GATEWAY_TIMEOUT,
+                INTERNAL_ERROR,
+                "upstream_timeout",
+            ),
             GatewayError::UpstreamProtocol { .. } => {
                 (StatusCode::BAD_GATEWAY, INTERNAL_ERROR, "upstream_protocol")
             }

@@ -53,7 +53,11 @@ pub struct ConnInfo {
 type Failure = (GatewayError, RpcId);
 
 /// Handles one request; never fails (errors become JSON-RPC error responses).
-pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, snap: &Snapshot) -> Response<ResponseBody> {
+pub async fn handle(
+    req: Request<Incoming>,
+    conn: &ConnInfo,
+    snap: &Snapshot,
+) -> Response<ResponseBody> {
     match pipeline(req, conn, snap).await {
         Ok(resp) => resp,
         Err((err, id)) => {
@@ -72,7 +76,11 @@ fn with_id<T>(r: Result<T, GatewayError>, id: &RpcId) -> Result<T, Failure> {
     r.map_err(|e| (e, id.clone()))
 }
 
-async fn pipeline(req: Request<Incoming>, conn: &ConnInfo, snap: &Snapshot) -> Result<Response<ResponseBody>, Failure> {
+async fn pipeline(
+    req: Request<Incoming>,
+    conn: &ConnInfo,
+    snap: &Snapshot,
+) -> Result<Response<ResponseBody>, Failure> {
     let cfg = &snap.config;
     let (parts, body) = req.into_parts();
     if parts.method != http::Method::POST {
@@ -130,7 +138,11 @@ async fn pipeline(req: Request<Incoming>, conn: &ConnInfo, snap: &Snapshot) -> R
             ));
         }
     }
-    if let Some(sender) = envelope.message.as_ref().and_then(|m| m.sender_id.as_deref()) {
+    if let Some(sender) = envelope
+        .message
+        .as_ref()
+        .and_then(|m| m.sender_id.as_deref())
+    {
         if sender != identity.aic.as_str() {
             let detail = format!(
                 "senderId {sender:?} is not the caller's certificate AIC {}",
@@ -147,12 +159,23 @@ async fn pipeline(req: Request<Incoming>, conn: &ConnInfo, snap: &Snapshot) -> R
     }
 
     let partner = &route.partner;
-    let mut upstream = Request::new(Full::new(body));
-    *upstream.method_mut() = http::Method::POST;
-    *upstream.uri_mut() = partner.pool.target(partner.path_for(method));
-    *upstream.headers_mut() = upstream_headers(&parts.headers, &identity, conn.peer);
+    let upstream = upstream_request(
+        body,
+        partner.pool.target(partner.path_for(method)),
+        upstream_headers(&parts.headers, &identity, conn.peer),
+    );
     let resp = with_id(partner.pool.send(upstream).await, &id)?;
     Ok(relay_response(resp))
+}
+
+/// The request to the Partner. Its body is the client's body `Bytes` itself (a reference
+/// count, not a copy): what was parsed is exactly what is forwarded.
+pub fn upstream_request(body: Bytes, uri: http::Uri, headers: HeaderMap) -> Request<Full<Bytes>> {
+    let mut req = Request::new(Full::new(body));
+    *req.method_mut() = http::Method::POST;
+    *req.uri_mut() = uri;
+    *req.headers_mut() = headers;
+    req
 }
 
 /// Headers that describe one hop and must not be forwarded (RFC 9110 7.6.1), plus
@@ -226,6 +249,17 @@ fn relay_response(resp: Response<Incoming>) -> Response<ResponseBody> {
 mod tests {
     use super::*;
     use crate::identity::Aic;
+
+    #[tokio::test]
+    async fn forwarded_body_is_the_same_allocation() {
+        let body = Bytes::from(br#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":{}}"#.to_vec());
+        let ptr = body.as_ptr();
+        let len = body.len();
+        let req = upstream_request(body, "http://p/rpc".parse().unwrap(), HeaderMap::new());
+        let mut b = req.into_body();
+        let frame = b.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!((frame.as_ptr(), frame.len()), (ptr, len));
+    }
 
     #[test]
     fn identity_headers_replace_client_claims() {

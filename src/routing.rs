@@ -159,7 +159,10 @@ upstreams = ["http://127.0.0.1:9"]
         );
         assert_eq!(hit(&r, None, "/partners/demox/rpc"), None);
         assert_eq!(hit(&r, None, "/partners/demo/bogus"), None);
-        assert_eq!(hit(&r, None, "/stream"), Some(("root".into(), Some(Method::Stream))));
+        assert_eq!(
+            hit(&r, None, "/stream"),
+            Some(("root".into(), Some(Method::Stream)))
+        );
         assert_eq!(hit(&r, None, "/"), Some(("root".into(), None)));
     }
 
@@ -172,8 +175,16 @@ prefix = "/partners/demo"
 hosts = ["other.example"]
 upstreams = ["http://127.0.0.1:9"]"#,
         );
-        assert_eq!(hit(&r, Some("other.example"), "/partners/demo/rpc").unwrap().0, "other");
-        assert_eq!(hit(&r, Some("x.example"), "/partners/demo/rpc").unwrap().0, "demo");
+        assert_eq!(
+            hit(&r, Some("other.example"), "/partners/demo/rpc")
+                .unwrap()
+                .0,
+            "other"
+        );
+        assert_eq!(
+            hit(&r, Some("x.example"), "/partners/demo/rpc").unwrap().0,
+            "demo"
+        );
     }
 
     #[test]
@@ -185,9 +196,18 @@ upstreams = ["http://127.0.0.1:9"]"#,
             }
             request_host(&uri.parse().unwrap(), &headers, sni)
         };
-        assert_eq!(h("/x", Some("A.example:8443"), None).as_deref(), Some("a.example"));
-        assert_eq!(h("https://b.example/x", Some("a"), None).as_deref(), Some("b.example"));
-        assert_eq!(h("/x", None, Some("sni.example")).as_deref(), Some("sni.example"));
+        assert_eq!(
+            h("/x", Some("A.example:8443"), None).as_deref(),
+            Some("a.example")
+        );
+        assert_eq!(
+            h("https://b.example/x", Some("a"), None).as_deref(),
+            Some("b.example")
+        );
+        assert_eq!(
+            h("/x", None, Some("sni.example")).as_deref(),
+            Some("sni.example")
+        );
         assert_eq!(h("/x", Some("[::1]:8443"), None).as_deref(), Some("::1"));
     }
 }

@@ -62,13 +62,7 @@ pub async fn run(
             _ = &mut shutdown => break,
         };
         let snap = gateway.snapshot();
-        tokio::spawn(serve_connection(
-            tcp,
-            peer,
-            snap,
-            drain_rx.clone(),
-            permit,
-        ));
+        tokio::spawn(serve_connection(tcp, peer, snap, drain_rx.clone(), permit));
     }
     drop(listener);
     let _ = drain_tx.send(true);
@@ -131,7 +125,10 @@ async fn serve_connection(
             let snap = snap.clone();
             async move {
                 let resp = proxy::handle(req, &conn, &snap).await;
-                Ok::<_, Infallible>(resp.map(|body| Tracked { body, _guard: guard }))
+                Ok::<_, Infallible>(resp.map(|body| Tracked {
+                    body,
+                    _guard: guard,
+                }))
             }
         })
     };
@@ -142,13 +139,25 @@ async fn serve_connection(
             .max_concurrent_streams(l.http2_max_concurrent_streams)
             .keep_alive_interval(Some(l.idle_timeout))
             .keep_alive_timeout(l.header_read_timeout);
-        drive(b.serve_connection(io, svc), &activity, l.idle_timeout, drain).await;
+        drive(
+            b.serve_connection(io, svc),
+            &activity,
+            l.idle_timeout,
+            drain,
+        )
+        .await;
     } else {
         let mut b = http1::Builder::new();
         b.timer(TokioTimer::new())
             .header_read_timeout(l.header_read_timeout)
             .keep_alive(true);
-        drive(b.serve_connection(io, svc), &activity, l.idle_timeout, drain).await;
+        drive(
+            b.serve_connection(io, svc),
+            &activity,
+            l.idle_timeout,
+            drain,
+        )
+        .await;
     }
 }
 

@@ -55,9 +55,9 @@ impl UpstreamPool {
             .with_tls_config(tls)
             .https_or_http();
         let builder = match p.tls.as_ref().and_then(|t| t.server_name.clone()) {
-            Some(name) => builder.with_server_name_resolver(move |_: &Uri| {
-                ServerName::try_from(name.clone())
-            }),
+            Some(name) => {
+                builder.with_server_name_resolver(move |_: &Uri| ServerName::try_from(name.clone()))
+            }
             None => builder,
         };
         let connector = builder.enable_http1().enable_http2().wrap_connector(http);
@@ -88,7 +88,10 @@ impl UpstreamPool {
 
     /// Sends a request and waits for the response headers (bounded by
     /// `upstream.response_timeout`); the body then streams.
-    pub async fn send(&self, req: Request<Full<Bytes>>) -> Result<Response<Incoming>, GatewayError> {
+    pub async fn send(
+        &self,
+        req: Request<Full<Bytes>>,
+    ) -> Result<Response<Incoming>, GatewayError> {
         match tokio::time::timeout(self.response_timeout, self.client.request(req)).await {
             Err(_) => Err(GatewayError::UpstreamTimeout {
                 partner: self.partner.clone(),
@@ -115,23 +118,21 @@ impl UpstreamPool {
     }
 }
 
-/// Walks an error's sources (and the errors wrapped in `io::Error`s, which `source`
-/// skips) looking for a rustls error.
+/// Walks an error's sources looking for a rustls error. `io::Error` needs care: its
+/// `source()` skips the error it wraps, and connectors wrap io errors in io errors.
 fn find_tls_error(e: &(dyn std::error::Error + 'static)) -> Option<String> {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = cur {
         if let Some(t) = err.downcast_ref::<rustls::Error>() {
             return Some(describe_tls(t));
         }
-        if let Some(inner) = err
+        cur = match err
             .downcast_ref::<std::io::Error>()
             .and_then(|io| io.get_ref())
         {
-            if let Some(t) = inner.downcast_ref::<rustls::Error>() {
-                return Some(describe_tls(t));
-            }
-        }
-        cur = err.source();
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => err.source(),
+        };
     }
     None
 }

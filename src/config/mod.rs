@@ -246,7 +246,9 @@ fn partner_from_raw(
         match uri.scheme_str() {
             Some("http") => {}
             Some("https") if p.tls.is_some() => {}
-            Some("https") => bail!("upstreams[{j}]: an https upstream needs [partner.tls] with a ca"),
+            Some("https") => {
+                bail!("upstreams[{j}]: an https upstream needs [partner.tls] with a ca")
+            }
             _ => bail!("upstreams[{j}]: {u:?} must start with http:// or https://"),
         }
         if uri.authority().is_none() || uri.query().is_some() {
@@ -261,8 +263,8 @@ fn partner_from_raw(
         .transpose()?;
     let mut paths = Method::ALL.map(|m| default_path(m).to_owned());
     for (name, path) in p.paths {
-        let m = Method::from_name(&name)
-            .with_context(|| format!("paths.{name}: not an AIP method"))?;
+        let m =
+            Method::from_name(&name).with_context(|| format!("paths.{name}: not an AIP method"))?;
         if !path.starts_with('/') {
             bail!("paths.{name}: {path:?} must start with /");
         }
@@ -360,10 +362,11 @@ rpc = "/acps-aip-v1/rpc"
         assert!(e.contains("aic"), "{e}");
         let twice = format!("{BASE}\n{}", &BASE[BASE.find("[[partner]]").unwrap()..]);
         assert!(error_of(&twice).contains("name"), "{}", error_of(&twice));
-        let e = error_of(&BASE.replace("handshake_timeout", "x").replace(
-            "[listener]",
-            "[listener]\nhandshake_timeout = \"0s\"",
-        ));
+        let e = error_of(
+            &BASE
+                .replace("handshake_timeout", "x")
+                .replace("[listener]", "[listener]\nhandshake_timeout = \"0s\""),
+        );
         assert!(e.contains("listener.handshake_timeout"), "{e}");
     }
 }

@@ -14,7 +14,10 @@ pub use partner::{DemoOptions, DemoPartner};
 
 /// Starts the demo Partner on the first upstream of the config's first Partner, then the
 /// gateway; serves until `shutdown` completes.
-pub async fn run(config_path: &Path, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+pub async fn run(
+    config_path: &Path,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     let config = Config::load(config_path)?;
     let upstream = config
         .partners

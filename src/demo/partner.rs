@@ -177,7 +177,12 @@ impl DemoPartner {
         rpc_result(id, task.to_json())
     }
 
-    fn stream(self: &Arc<Self>, id: Value, message: &Value, caller: &str) -> Response<ResponseBody> {
+    fn stream(
+        self: &Arc<Self>,
+        id: Value,
+        message: &Value,
+        caller: &str,
+    ) -> Response<ResponseBody> {
         let command = message["command"].as_str().unwrap_or("");
         if command != "start" {
             return json_response(&rpc_error(
@@ -233,8 +238,14 @@ impl DemoPartner {
         });
         let mut r = Response::new(StreamBody::new(events.boxed()).boxed_unsync());
         let h = r.headers_mut();
-        h.insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/event-stream"));
-        h.insert(header::CACHE_CONTROL, header::HeaderValue::from_static("no-cache"));
+        h.insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("text/event-stream"),
+        );
+        h.insert(
+            header::CACHE_CONTROL,
+            header::HeaderValue::from_static("no-cache"),
+        );
         r
     }
 
@@ -267,7 +278,11 @@ impl DemoPartner {
             .unwrap_or("an unknown caller")
             .to_owned();
         let Ok(body) = crate::body::read_bounded(req.into_body(), None, 1 << 20).await else {
-            return json_response(&rpc_error(&Value::Null, -32600, "body unreadable or over 1 MiB"));
+            return json_response(&rpc_error(
+                &Value::Null,
+                -32600,
+                "body unreadable or over 1 MiB",
+            ));
         };
         let Ok(v) = serde_json::from_slice::<Value>(&body) else {
             return json_response(&rpc_error(&Value::Null, -32700, "Parse error"));
@@ -337,15 +352,24 @@ mod tests {
     fn task_state_machine() {
         let p = DemoPartner::new(DemoOptions::default());
         let id = json!(1);
-        assert_eq!(state(&p.rpc(&id, &msg("start", "t"), "A")), "awaiting-completion");
-        assert_eq!(state(&p.rpc(&id, &msg("get", "t"), "A")), "awaiting-completion");
+        assert_eq!(
+            state(&p.rpc(&id, &msg("start", "t"), "A")),
+            "awaiting-completion"
+        );
+        assert_eq!(
+            state(&p.rpc(&id, &msg("get", "t"), "A")),
+            "awaiting-completion"
+        );
         let v = p.rpc(&id, &msg("continue", "t"), "A");
         assert_eq!(v["result"]["products"].as_array().unwrap().len(), 2);
         assert_eq!(state(&p.rpc(&id, &msg("complete", "t"), "A")), "completed");
         // Terminal: cancel and continue are ignored.
         assert_eq!(state(&p.rpc(&id, &msg("cancel", "t"), "A")), "completed");
         assert_eq!(state(&p.rpc(&id, &msg("continue", "t"), "A")), "completed");
-        assert_eq!(p.rpc(&id, &msg("get", "nope"), "A")["error"]["code"], -32001);
+        assert_eq!(
+            p.rpc(&id, &msg("get", "nope"), "A")["error"]["code"],
+            -32001
+        );
         p.rpc(&id, &msg("start", "u"), "A");
         assert_eq!(state(&p.rpc(&id, &msg("cancel", "u"), "A")), "canceled");
         assert_eq!(state(&p.rpc(&id, &msg("complete", "u"), "A")), "canceled");
@@ -358,6 +382,9 @@ mod tests {
             ..DemoOptions::default()
         });
         p.rpc(&json!(1), &msg("start", "a"), "A");
-        assert_eq!(p.rpc(&json!(1), &msg("start", "b"), "A")["error"]["code"], -32603);
+        assert_eq!(
+            p.rpc(&json!(1), &msg("start", "b"), "A")["error"]["code"],
+            -32603
+        );
     }
 }

@@ -125,7 +125,11 @@ mod tests {
             "00000000000000000000000000000098",
             "ZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZ98",
         ] {
-            assert_eq!(Aic::parse(v).map(|a| a.to_string()), Ok(v.to_string()), "{v}");
+            assert_eq!(
+                Aic::parse(v).map(|a| a.to_string()),
+                Ok(v.to_string()),
+                "{v}"
+            );
         }
     }
 
@@ -156,7 +160,10 @@ mod tests {
             Aic::parse("10001000011K912345E789ABCDEF23A3"),
             Err(AicError::CheckCode)
         );
-        assert_eq!(Aic::parse("10001000011K912345E789ABCDEF2é3"), Err(AicError::Charset));
+        assert_eq!(
+            Aic::parse("10001000011K912345E789ABCDEF2é3"),
+            Err(AicError::Charset)
+        );
     }
 
     #[test]

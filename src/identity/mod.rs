@@ -103,9 +103,8 @@ impl CredentialError {
                 | CertificateError::ExpiredRevocationListContext { .. } => {
                     CredentialError::CrlExpired
                 }
-                CertificateError::InvalidPurpose | CertificateError::InvalidPurposeContext { .. } => {
-                    CredentialError::WrongKeyUsage
-                }
+                CertificateError::InvalidPurpose
+                | CertificateError::InvalidPurposeContext { .. } => CredentialError::WrongKeyUsage,
                 CertificateError::BadSignature
                 | CertificateError::UnsupportedSignatureAlgorithm
                 | CertificateError::UnsupportedSignatureAlgorithmContext { .. }

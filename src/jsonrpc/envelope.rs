@@ -226,11 +226,20 @@ impl<'a> Parsed<'a> {
             Some("2.0") => {}
             _ => return Err(invalid("jsonrpc_version", "\"jsonrpc\" must be \"2.0\"")),
         }
-        let id = raw
-            .id
-            .ok_or_else(|| invalid("id_missing", "\"id\" is required (AIP has no notifications)"))?;
-        if !matches!(id.get().as_bytes().first(), Some(b'"' | b'-' | b'0'..=b'9' | b'n')) {
-            return Err(invalid("id_type", "\"id\" must be a string, number or null"));
+        let id = raw.id.ok_or_else(|| {
+            invalid(
+                "id_missing",
+                "\"id\" is required (AIP has no notifications)",
+            )
+        })?;
+        if !matches!(
+            id.get().as_bytes().first(),
+            Some(b'"' | b'-' | b'0'..=b'9' | b'n')
+        ) {
+            return Err(invalid(
+                "id_type",
+                "\"id\" must be a string, number or null",
+            ));
         }
         let method = match raw.method {
             Some(LooseStr::Str(name)) => {
@@ -274,9 +283,10 @@ fn validate_message<'a>(
     const COMMAND: &str = "params.message.command";
     let command = match opt_string(m.command, COMMAND)? {
         None => None,
-        Some(c) => Some(Command::from_name(&c).ok_or_else(|| {
-            bad_param(COMMAND, format!("unknown command {c:?}"))
-        })?),
+        Some(c) => Some(
+            Command::from_name(&c)
+                .ok_or_else(|| bad_param(COMMAND, format!("unknown command {c:?}")))?,
+        ),
     };
     match (method, command) {
         (Method::Stream, Some(Command::Start | Command::ReStream)) => {}
@@ -394,52 +404,139 @@ mod tests {
     #[test]
     fn shape_errors() {
         let (e, _) = err(&format!("[{START}]"));
-        assert!(matches!(e, EnvelopeError::Invalid { reason: "batch", .. }));
+        assert!(matches!(
+            e,
+            EnvelopeError::Invalid {
+                reason: "batch",
+                ..
+            }
+        ));
         let (e, _) = err("\"hello\"");
-        assert!(matches!(e, EnvelopeError::Invalid { reason: "not_object", .. }));
+        assert!(matches!(
+            e,
+            EnvelopeError::Invalid {
+                reason: "not_object",
+                ..
+            }
+        ));
     }
 
     #[test]
     fn duplicate_keys_are_rejected_with_the_id() {
         let body = START.replace(r#""method":"rpc""#, r#""method":"rpc","method":"stream""#);
         let (e, id) = err(&body);
-        assert!(matches!(e, EnvelopeError::Invalid { reason: "duplicate_key", .. }), "{e:?}");
+        assert!(
+            matches!(
+                e,
+                EnvelopeError::Invalid {
+                    reason: "duplicate_key",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
         assert_eq!(id.as_deref(), Some("\"1\""));
-        let body = START.replace(r#""command":"start""#, r#""command":"start","command":"cancel""#);
-        assert!(matches!(err(&body).0, EnvelopeError::Invalid { reason: "duplicate_key", .. }));
+        let body = START.replace(
+            r#""command":"start""#,
+            r#""command":"start","command":"cancel""#,
+        );
+        assert!(matches!(
+            err(&body).0,
+            EnvelopeError::Invalid {
+                reason: "duplicate_key",
+                ..
+            }
+        ));
     }
 
     #[test]
     fn semantic_errors_keep_the_id_even_when_it_comes_last() {
         let (e, id) = err(r#"{"jsonrpc":"1.0","method":"rpc","params":{},"id":7}"#);
-        assert!(matches!(e, EnvelopeError::Invalid { reason: "jsonrpc_version", .. }));
+        assert!(matches!(
+            e,
+            EnvelopeError::Invalid {
+                reason: "jsonrpc_version",
+                ..
+            }
+        ));
         assert_eq!(id.as_deref(), Some("7"));
         let (e, id) = err(r#"{"jsonrpc":"2.0","method":"nope","params":{},"id":null}"#);
         assert_eq!(e, EnvelopeError::MethodNotFound("nope".into()));
         assert_eq!(id.as_deref(), Some("null"));
         let (e, _) = err(r#"{"jsonrpc":"2.0","method":5,"params":{},"id":1}"#);
-        assert!(matches!(e, EnvelopeError::Invalid { reason: "method_type", .. }));
+        assert!(matches!(
+            e,
+            EnvelopeError::Invalid {
+                reason: "method_type",
+                ..
+            }
+        ));
         let (e, _) = err(r#"{"jsonrpc":"2.0","method":"rpc","params":{},"id":{}}"#);
-        assert!(matches!(e, EnvelopeError::Invalid { reason: "id_type", .. }));
+        assert!(matches!(
+            e,
+            EnvelopeError::Invalid {
+                reason: "id_type",
+                ..
+            }
+        ));
         let (e, _) = err(r#"{"jsonrpc":"2.0","method":"rpc","params":{}}"#);
-        assert!(matches!(e, EnvelopeError::Invalid { reason: "id_missing", .. }));
+        assert!(matches!(
+            e,
+            EnvelopeError::Invalid {
+                reason: "id_missing",
+                ..
+            }
+        ));
     }
 
     #[test]
     fn params_errors_name_the_field() {
         let cases = [
             (r#"{"jsonrpc":"2.0","method":"rpc","id":1}"#, "params"),
-            (r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":[]}"#, "params"),
-            (r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":{}}"#, "params.message"),
-            (r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":{"message":"x"}}"#, "params.message"),
-            (r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":{"message":{"command":"fly"}}}"#, "params.message.command"),
-            (r#"{"jsonrpc":"2.0","method":"stream","id":1,"params":{"message":{"command":"get"}}}"#, "params.message.command"),
-            (r#"{"jsonrpc":"2.0","method":"stream","id":1,"params":{"message":{"command":"re-stream"}}}"#, "params.message.taskId"),
-            (r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":{"message":{"senderId":3}}}"#, "params.message.senderId"),
-            (r#"{"jsonrpc":"2.0","method":"notification/set","id":1,"params":{"taskId":"t","token":"x"}}"#, "params.url"),
-            (r#"{"jsonrpc":"2.0","method":"notification/set","id":1,"params":{"taskId":"t","url":"u"}}"#, "params.token"),
-            (r#"{"jsonrpc":"2.0","method":"notification/get","id":1,"params":{}}"#, "params.taskId"),
-            (r#"{"jsonrpc":"2.0","method":"notification/delete","id":1,"params":{"taskId":1}}"#, "params.taskId"),
+            (
+                r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":[]}"#,
+                "params",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":{}}"#,
+                "params.message",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":{"message":"x"}}"#,
+                "params.message",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":{"message":{"command":"fly"}}}"#,
+                "params.message.command",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","method":"stream","id":1,"params":{"message":{"command":"get"}}}"#,
+                "params.message.command",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","method":"stream","id":1,"params":{"message":{"command":"re-stream"}}}"#,
+                "params.message.taskId",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":{"message":{"senderId":3}}}"#,
+                "params.message.senderId",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","method":"notification/set","id":1,"params":{"taskId":"t","token":"x"}}"#,
+                "params.url",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","method":"notification/set","id":1,"params":{"taskId":"t","url":"u"}}"#,
+                "params.token",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","method":"notification/get","id":1,"params":{}}"#,
+                "params.taskId",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","method":"notification/delete","id":1,"params":{"taskId":1}}"#,
+                "params.taskId",
+            ),
         ];
         for (body, field) in cases {
             match err(body).0 {
@@ -451,18 +548,24 @@ mod tests {
 
     #[test]
     fn other_methods_validate() {
-        let e = ok(r#"{"jsonrpc":"2.0","method":"notification/set","id":"n","params":{"url":"https://l/cb","token":"t","taskId":"t9"}}"#);
+        let e = ok(
+            r#"{"jsonrpc":"2.0","method":"notification/set","id":"n","params":{"url":"https://l/cb","token":"t","taskId":"t9"}}"#,
+        );
         assert_eq!(e.method, Method::NotificationSet);
         assert_eq!(e.task_id.as_deref(), Some("t9"));
         let e = ok(r#"{"jsonrpc":"2.0","method":"group","id":2,"params":{"groupId":"g"}}"#);
         assert_eq!(e.method, Method::Group);
-        let e = ok(r#"{"jsonrpc":"2.0","method":"notification/start","id":2,"params":{"message":{"command":"start","taskId":"a"}}}"#);
+        let e = ok(
+            r#"{"jsonrpc":"2.0","method":"notification/start","id":2,"params":{"message":{"command":"start","taskId":"a"}}}"#,
+        );
         assert_eq!(e.method, Method::NotificationStart);
     }
 
     #[test]
     fn escaped_strings_are_read() {
-        let e = ok(r#"{"jsonrpc":"2\u002e0","method":"r\u0070c","id":1,"params":{"message":{"taskId":"t\n1"}}}"#);
+        let e = ok(
+            r#"{"jsonrpc":"2\u002e0","method":"r\u0070c","id":1,"params":{"message":{"taskId":"t\n1"}}}"#,
+        );
         assert_eq!(e.method, Method::Rpc);
         assert_eq!(e.task_id.as_deref(), Some("t\n1"));
     }

@@ -52,13 +52,13 @@ pub fn partner_client_config(
         .context("TLS 1.3")?
         .dangerous()
         .with_custom_certificate_verifier(verifier);
-    let mut config = match &tls.client_cert {
+    // ALPN is set by the connector (hyper-rustls), from the HTTP versions enabled there.
+    let config = match &tls.client_cert {
         Some((cert, key)) => builder
             .with_client_auth_cert(pem::load_certs(cert)?, pem::load_key(key)?)
             .context("tls.cert/tls.key: the key does not match the certificate")?,
         None => builder.with_no_client_auth(),
     };
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
 }
 

@@ -18,8 +18,8 @@ use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{
-    CertificateError, DigitallySignedStruct, DistinguishedName, Error as TlsError,
-    RootCertStore, ServerConfig, SignatureScheme,
+    CertificateError, DigitallySignedStruct, DistinguishedName, Error as TlsError, RootCertStore,
+    ServerConfig, SignatureScheme,
 };
 
 use super::pem;
@@ -63,7 +63,9 @@ pub fn client_chain_verifier(l: &ListenerConfig) -> anyhow::Result<Arc<dyn Clien
     if l.allow_unknown_revocation_status {
         builder = builder.allow_unknown_revocation_status();
     }
-    builder.build().context("listener: cannot build the client verifier")
+    builder
+        .build()
+        .context("listener: cannot build the client verifier")
 }
 
 /// Builds the listener's TLS settings.
@@ -172,8 +174,9 @@ impl ClientCertVerifier for StrictVerifier {
         let ok = self
             .inner
             .verify_client_cert(end_entity, intermediates, now)?;
-        aic_from_certificate(end_entity, &self.aic_suffix)
-            .map_err(|_| TlsError::InvalidCertificate(CertificateError::ApplicationVerificationFailure))?;
+        aic_from_certificate(end_entity, &self.aic_suffix).map_err(|_| {
+            TlsError::InvalidCertificate(CertificateError::ApplicationVerificationFailure)
+        })?;
         Ok(ok)
     }
     fn verify_tls12_signature(

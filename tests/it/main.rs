@@ -1,0 +1,9 @@
+#![allow(unreachable_pub, missing_docs)]
+//! Integration tests: real TLS and real HTTP on loopback, certificates generated here.
+
+mod auth;
+mod envelope;
+mod forward;
+mod support;
+mod timeouts;
+mod upstream;

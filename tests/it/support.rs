@@ -1,0 +1,442 @@
+//! Shared helpers: a PKI generated at test time, a recording test Partner, the gateway on
+//! a free loopback port, and a Leader client over real TLS (HTTP/1.1 or HTTP/2).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aipgw::config::Config;
+use aipgw::devcerts::{CertSpec, DevCa, Issued};
+use aipgw::Gateway;
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::ServerName;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+pub const LEADER_A: &str = "10001000011K912345E789ABCDEF2353";
+pub const LEADER_B: &str = "10001000011K94ZH3VDXLP4S5EB63614";
+pub const PARTNER_AIC: &str = "10001000011K96TFZ2B9H9I1J85AUF77";
+pub const GATEWAY_AIC: &str = "10001000011K9DX1GW14X1VSP2QQNG44";
+
+/// A CA and the files a gateway config needs, in a temporary folder.
+pub struct Pki {
+    pub dir: tempfile::TempDir,
+    pub ca: DevCa,
+    pub ca_pem: PathBuf,
+}
+
+impl Pki {
+    pub fn new() -> Pki {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = DevCa::new("test CA").unwrap();
+        let ca_pem = dir.path().join("ca.pem");
+        std::fs::write(&ca_pem, ca.cert_pem()).unwrap();
+        let pki = Pki { dir, ca, ca_pem };
+        let server = pki.issue(&CertSpec::server(&["localhost", "127.0.0.1"]));
+        pki.write_pair("gateway", &server);
+        pki
+    }
+
+    pub fn issue(&self, spec: &CertSpec) -> Issued {
+        self.ca.issue(spec).unwrap()
+    }
+
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    pub fn write_pair(&self, name: &str, issued: &Issued) -> (PathBuf, PathBuf) {
+        (
+            self.write(&format!("{name}.pem"), &issued.cert_pem),
+            self.write(&format!("{name}.key"), &issued.key_pem),
+        )
+    }
+
+    /// A gateway config: the listener part, then `partners` (TOML) verbatim.
+    pub fn config(&self, listener_extra: &str, partners: &str) -> String {
+        format!(
+            r#"
+[listener]
+bind = "127.0.0.1:0"
+cert = "{dir}/gateway.pem"
+key = "{dir}/gateway.key"
+client_ca = ["{dir}/ca.pem"]
+handshake_timeout = "5s"
+{listener_extra}
+[upstream]
+connect_timeout = "2s"
+response_timeout = "5s"
+{partners}
+"#,
+            dir = self.dir.path().display()
+        )
+    }
+}
+
+/// A running gateway on a free loopback port; stopped on drop.
+pub struct TestGateway {
+    pub addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Drop for TestGateway {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+pub async fn start_gateway(config_text: &str) -> TestGateway {
+    let config = Config::parse(config_text, std::path::Path::new("/")).unwrap();
+    let gateway = Gateway::new(config).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(aipgw::server::run(listener, gateway, async move {
+        let _ = rx.await;
+    }));
+    TestGateway {
+        addr,
+        stop: Some(tx),
+    }
+}
+
+/// One request as the test Partner saw it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    /// The AIC of the client certificate (mTLS Partners only).
+    pub tls_client_aic: Option<String>,
+}
+
+/// How the test Partner answers.
+#[derive(Clone)]
+pub enum Behaviour {
+    /// A JSON-RPC result echoing the path.
+    Echo,
+    /// A fixed JSON body.
+    Fixed(&'static str),
+    /// Never answers (until the test ends).
+    Hang,
+}
+
+/// A Partner that records what reaches it.
+pub struct TestPartner {
+    pub addr: SocketAddr,
+    pub seen: Arc<Mutex<Vec<Seen>>>,
+    _stop: Arc<Notify>,
+}
+
+impl TestPartner {
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub async fn start(behaviour: Behaviour) -> TestPartner {
+        TestPartner::start_with(behaviour, None).await
+    }
+
+    /// With `tls`, the Partner speaks TLS 1.3 and requires a client certificate.
+    pub async fn start_with(
+        behaviour: Behaviour,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> TestPartner {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(Notify::new());
+        let (seen2, stop2) = (seen.clone(), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                let (tcp, _) = tokio::select! {
+                    r = listener.accept() => r.unwrap(),
+                    _ = stop2.notified() => return,
+                };
+                let seen = seen2.clone();
+                let behaviour = behaviour.clone();
+                let tls = tls.clone();
+                tokio::spawn(async move {
+                    match tls {
+                        None => serve_partner(TokioIo::new(tcp), seen, behaviour, None).await,
+                        Some(cfg) => {
+                            let Ok(stream) = TlsAcceptor::from(cfg).accept(tcp).await else {
+                                return;
+                            };
+                            let aic = stream.get_ref().1.peer_certificates().and_then(|c| {
+                                aipgw::identity::cert::aic_from_certificate(&c[0], "acps.pub")
+                                    .ok()
+                                    .map(|a| a.to_string())
+                            });
+                            serve_partner(TokioIo::new(stream), seen, behaviour, aic).await
+                        }
+                    }
+                });
+            }
+        });
+        TestPartner {
+            addr,
+            seen,
+            _stop: stop,
+        }
+    }
+}
+
+impl Drop for TestPartner {
+    fn drop(&mut self) {
+        self._stop.notify_waiters();
+    }
+}
+
+async fn serve_partner<I>(
+    io: I,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    behaviour: Behaviour,
+    aic: Option<String>,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let svc = service_fn(move |req: Request<Incoming>| {
+        let seen = seen.clone();
+        let behaviour = behaviour.clone();
+        let aic = aic.clone();
+        async move {
+            let (parts, body) = req.into_parts();
+            let body = body.collect().await.unwrap().to_bytes();
+            seen.lock().unwrap().push(Seen {
+                path: parts.uri.path().to_owned(),
+                headers: parts.headers,
+                body,
+                tls_client_aic: aic,
+            });
+            let text = match behaviour {
+                Behaviour::Echo => format!(
+                    r#"{{"jsonrpc":"2.0","id":"p","result":{{"path":"{}"}}}}"#,
+                    parts.uri.path()
+                ),
+                Behaviour::Fixed(s) => s.to_owned(),
+                Behaviour::Hang => {
+                    std::future::pending::<()>().await;
+                    unreachable!()
+                }
+            };
+            let mut r = Response::new(Full::new(Bytes::from(text)));
+            r.headers_mut()
+                .insert("content-type", "application/json".parse().unwrap());
+            Ok::<_, Infallible>(r)
+        }
+    });
+    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+        .serve_connection(io, svc)
+        .await;
+}
+
+/// A reply as the Leader saw it.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+    }
+
+    /// `(error.code, error.data.reason)`.
+    pub fn error(&self) -> (i64, String) {
+        let v = self.json();
+        (
+            v["error"]["code"].as_i64().unwrap_or(0),
+            v["error"]["data"]["reason"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned(),
+        )
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// A Leader: its TLS client settings.
+#[derive(Clone)]
+pub struct Leader {
+    pub tls: Arc<rustls::ClientConfig>,
+    pub h2: bool,
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+pub fn roots(ca: &DevCa) -> rustls::RootCertStore {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.cert_der()).unwrap();
+    roots
+}
+
+impl Leader {
+    /// A Leader trusting `pki`'s CA, presenting `cert` (or none).
+    pub fn new(pki: &Pki, cert: Option<&Issued>, h2: bool) -> Leader {
+        Leader::with_versions(pki, cert, h2, &[&rustls::version::TLS13])
+    }
+
+    pub fn with_versions(
+        pki: &Pki,
+        cert: Option<&Issued>,
+        h2: bool,
+        versions: &[&'static rustls::SupportedProtocolVersion],
+    ) -> Leader {
+        let b = rustls::ClientConfig::builder_with_provider(provider())
+            .with_protocol_versions(versions)
+            .unwrap()
+            .with_root_certificates(roots(&pki.ca));
+        let mut cfg = match cert {
+            Some(c) => b
+                .with_client_auth_cert(vec![c.cert_der.clone()], c.key_der())
+                .unwrap(),
+            None => b.with_no_client_auth(),
+        };
+        cfg.alpn_protocols = if h2 {
+            vec![b"h2".to_vec()]
+        } else {
+            vec![b"http/1.1".to_vec()]
+        };
+        Leader {
+            tls: Arc::new(cfg),
+            h2,
+        }
+    }
+
+    /// A TLS connection to the gateway.
+    pub async fn connect(
+        &self,
+        addr: SocketAddr,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+        let tcp = TcpStream::connect(addr).await?;
+        TlsConnector::from(self.tls.clone())
+            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .await
+    }
+
+    /// POSTs `body` to `path` on a new connection.
+    pub async fn post(&self, addr: SocketAddr, path: &str, body: &str) -> Result<Reply, String> {
+        self.post_with(addr, path, Bytes::from(body.to_owned()), &[])
+            .await
+    }
+
+    pub async fn post_with(
+        &self,
+        addr: SocketAddr,
+        path: &str,
+        body: Bytes,
+        headers: &[(&str, &str)],
+    ) -> Result<Reply, String> {
+        let stream = self
+            .connect(addr)
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        let io = TokioIo::new(stream);
+        // HTTP/2 carries the authority in the URI; HTTP/1.1 in the Host header.
+        let uri = if self.h2 {
+            format!("https://localhost{path}")
+        } else {
+            path.to_owned()
+        };
+        let mut req = Request::post(uri).header("content-type", "application/json");
+        if !self.h2 && !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+            req = req.header("host", "localhost");
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(Full::new(body)).unwrap();
+        let resp = if self.h2 {
+            let (mut send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+                .await
+                .map_err(|e| format!("h2 handshake: {e}"))?;
+            tokio::spawn(conn);
+            send.send_request(req)
+                .await
+                .map_err(|e| format!("send: {e}"))?
+        } else {
+            let (mut send, conn) = hyper::client::conn::http1::handshake(io)
+                .await
+                .map_err(|e| format!("h1 handshake: {e}"))?;
+            tokio::spawn(conn);
+            send.send_request(req)
+                .await
+                .map_err(|e| format!("send: {e}"))?
+        };
+        let (parts, body) = resp.into_parts();
+        let body = body
+            .collect()
+            .await
+            .map_err(|e| format!("body: {e}"))?
+            .to_bytes();
+        Ok(Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        })
+    }
+}
+
+/// A TLS server config for an mTLS test Partner: its certificate, requiring clients
+/// issued by `pki`'s CA.
+pub fn partner_tls(pki: &Pki, server: &Issued) -> Arc<rustls::ServerConfig> {
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots(&pki.ca)),
+        provider(),
+    )
+    .build()
+    .unwrap();
+    let cfg = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(vec![server.cert_der.clone()], server.key_der())
+        .unwrap();
+    Arc::new(cfg)
+}
+
+/// A valid `rpc` start body for `sender`.
+pub fn rpc_start(id: &str, sender: &str, task: &str) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","method":"rpc","id":{id},"params":{{"message":{{"type":"message","id":"m-{task}","sentAt":"2025-09-01T11:58:00+08:00","senderRole":"leader","senderId":"{sender}","command":"start","dataItems":[{{"type":"text","text":"hello"}}],"taskId":"{task}","sessionId":"s1"}}}}}}"#
+    )
+}
+
+/// A `[[partner]]` block.
+pub fn partner_block(name: &str, prefix: &str, upstream: &str, extra: &str) -> String {
+    format!(
+        "[[partner]]\nname = \"{name}\"\nprefix = \"{prefix}\"\nupstreams = [\"{upstream}\"]\n{extra}\n"
+    )
+}
+
+/// Waits for `fut` at most `secs` seconds (a safety net, not a measurement).
+pub async fn within<T>(secs: u64, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(secs), fut)
+        .await
+        .expect("timed out")
+}

@@ -1,0 +1,90 @@
+//! Test 7: clients that stall are disconnected after the configured timeouts. The waits
+//! here are safety nets around events (EOF), not measurements.
+
+use aipgw::devcerts::CertSpec;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::support::*;
+
+const SHORT: &str =
+    "header_read_timeout = \"300ms\"\nbody_read_timeout = \"300ms\"\nidle_timeout = \"300ms\"";
+
+async fn read_to_end<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> Vec<u8> {
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out).await; // a reset also ends it
+    out
+}
+
+#[tokio::test]
+async fn silent_tcp_client_is_dropped_after_the_handshake_timeout() {
+    let pki = Pki::new();
+    let config = pki.config("", "").replace(
+        "handshake_timeout = \"5s\"",
+        "handshake_timeout = \"300ms\"",
+    );
+    let gw = start_gateway(&config).await;
+    let mut tcp = TcpStream::connect(gw.addr).await.unwrap();
+    let got = within(5, read_to_end(&mut tcp)).await;
+    assert!(got.is_empty());
+}
+
+#[tokio::test]
+async fn silent_tls_client_is_dropped() {
+    let pki = Pki::new();
+    let partner = TestPartner::start(Behaviour::Echo).await;
+    let gw = start_gateway(&pki.config(SHORT, &partner_block("p", "/p", &partner.url(), ""))).await;
+    for h2 in [false, true] {
+        let leader = Leader::new(&pki, Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))), h2);
+        let mut tls = leader.connect(gw.addr).await.unwrap();
+        if h2 {
+            // A client preface and nothing more.
+            tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+                .await
+                .unwrap();
+        }
+        within(5, read_to_end(&mut tls)).await;
+    }
+    assert!(partner.seen().is_empty());
+}
+
+#[tokio::test]
+async fn slow_body_is_answered_408_and_disconnected() {
+    let pki = Pki::new();
+    let partner = TestPartner::start(Behaviour::Echo).await;
+    let gw = start_gateway(&pki.config(SHORT, &partner_block("p", "/p", &partner.url(), ""))).await;
+    let leader = Leader::new(
+        &pki,
+        Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))),
+        false,
+    );
+    let mut tls = leader.connect(gw.addr).await.unwrap();
+    tls.write_all(
+        b"POST /p/rpc HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"jsonrpc\":",
+    )
+    .await
+    .unwrap();
+    tls.flush().await.unwrap();
+    // The rest of the body never comes.
+    let got = String::from_utf8_lossy(&within(5, read_to_end(&mut tls)).await).into_owned();
+    assert!(got.starts_with("HTTP/1.1 408"), "{got}");
+    assert!(got.contains("\"body_timeout\""), "{got}");
+    assert!(partner.seen().is_empty());
+}
+
+#[tokio::test]
+async fn slow_headers_are_disconnected() {
+    let pki = Pki::new();
+    let gw = start_gateway(&pki.config(SHORT, "")).await;
+    let leader = Leader::new(
+        &pki,
+        Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))),
+        false,
+    );
+    let mut tls = leader.connect(gw.addr).await.unwrap();
+    tls.write_all(b"POST /p/rpc HTTP/1.1\r\nhost: loc")
+        .await
+        .unwrap();
+    tls.flush().await.unwrap();
+    within(5, read_to_end(&mut tls)).await;
+}
