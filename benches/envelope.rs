@@ -3,6 +3,8 @@
 //! - `ignored_any`: syntax check only (the floor for any JSON reader);
 //! - `plain_borrowed`: a borrowed struct `{jsonrpc: &str, method: &str, id: &RawValue,
 //!   params: &RawValue}`, the baseline the issue names;
+//! - `plain_borrowed_nested`: strict borrowed structs reading the same fields the gateway
+//!   reads (`params.message` command, taskId, sessionId, senderId, senderRole);
 //! - `aipgw_validate`: `jsonrpc::parse` + `Parsed::validate` (every envelope check);
 //! - `value_tree`: `serde_json::Value`, for reference.
 #![allow(missing_docs)]
@@ -24,6 +26,37 @@ struct Plain<'a> {
     id: &'a RawValue,
     #[serde(borrow)]
     params: &'a RawValue,
+}
+
+/// The same fields the gateway reads (envelope + `params.message`), as strict borrowed
+/// structs: what a plain serde_json parse needs to do to read them at all.
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct NestedEnv<'a> {
+    jsonrpc: &'a str,
+    method: &'a str,
+    #[serde(borrow)]
+    id: &'a RawValue,
+    #[serde(borrow)]
+    params: NestedParams<'a>,
+}
+
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct NestedParams<'a> {
+    #[serde(borrow)]
+    message: Option<NestedMsg<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)]
+struct NestedMsg<'a> {
+    command: Option<&'a str>,
+    task_id: Option<&'a str>,
+    session_id: Option<&'a str>,
+    sender_id: Option<&'a str>,
+    sender_role: Option<&'a str>,
 }
 
 /// An AIP `rpc` start message of about `size` bytes (the text item is padded).
@@ -57,6 +90,21 @@ fn bench(c: &mut Criterion) {
                     black_box(p.method.len())
                 })
             },
+        );
+        g.bench_with_input(
+            BenchmarkId::new("plain_borrowed_nested", name),
+            &body,
+            |b, body| {
+                b.iter(|| {
+                    let p: NestedEnv<'_> = serde_json::from_slice(black_box(body)).unwrap();
+                    black_box(p.params.message.map(|m| m.command))
+                })
+            },
+        );
+        g.bench_with_input(
+            BenchmarkId::new("aipgw_parse_only", name),
+            &body,
+            |b, body| b.iter(|| black_box(jsonrpc::parse(black_box(body)).ok().unwrap().id())),
         );
         g.bench_with_input(
             BenchmarkId::new("aipgw_validate", name),

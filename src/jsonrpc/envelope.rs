@@ -55,47 +55,47 @@ pub struct ParseFailure<'a> {
 }
 
 #[derive(Deserialize)]
-struct RawEnvelope<'a> {
+pub(super) struct RawEnvelope<'a> {
     #[serde(borrow, default)]
-    jsonrpc: Option<LooseStr<'a>>,
+    pub(super) jsonrpc: LooseStr<'a>,
     #[serde(borrow, default)]
-    method: Option<LooseStr<'a>>,
+    pub(super) method: LooseStr<'a>,
     #[serde(borrow, default, deserialize_with = "present")]
-    id: Option<&'a RawValue>,
+    pub(super) id: Option<&'a RawValue>,
     #[serde(borrow, default)]
-    params: Option<LooseObj<RawParams<'a>>>,
+    pub(super) params: LooseObj<RawParams<'a>>,
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct RawParams<'a> {
+pub(super) struct RawParams<'a> {
     #[serde(borrow, default)]
-    message: Option<LooseObj<RawMessage<'a>>>,
+    pub(super) message: LooseObj<RawMessage<'a>>,
     #[serde(borrow, default)]
-    task_id: Option<LooseStr<'a>>,
+    pub(super) task_id: LooseStr<'a>,
     #[serde(borrow, default)]
-    url: Option<LooseStr<'a>>,
+    pub(super) url: LooseStr<'a>,
     #[serde(borrow, default)]
-    token: Option<LooseStr<'a>>,
+    pub(super) token: LooseStr<'a>,
     #[serde(borrow, default)]
-    id: Option<LooseStr<'a>>,
+    pub(super) id: LooseStr<'a>,
     #[serde(borrow, default)]
-    notification_config_id: Option<LooseStr<'a>>,
+    pub(super) notification_config_id: LooseStr<'a>,
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct RawMessage<'a> {
+pub(super) struct RawMessage<'a> {
     #[serde(borrow, default)]
-    command: Option<LooseStr<'a>>,
+    pub(super) command: LooseStr<'a>,
     #[serde(borrow, default)]
-    task_id: Option<LooseStr<'a>>,
+    pub(super) task_id: LooseStr<'a>,
     #[serde(borrow, default)]
-    session_id: Option<LooseStr<'a>>,
+    pub(super) session_id: LooseStr<'a>,
     #[serde(borrow, default)]
-    sender_id: Option<LooseStr<'a>>,
+    pub(super) sender_id: LooseStr<'a>,
     #[serde(borrow, default)]
-    sender_role: Option<LooseStr<'a>>,
+    pub(super) sender_role: LooseStr<'a>,
 }
 
 /// Only the id, for recovering it after a structural error such as a duplicate key.
@@ -107,7 +107,7 @@ struct IdOnly<'a> {
 
 /// `Option<&RawValue>` maps `null` to `None`; here a present `null` is `Some("null")`
 /// and only an absent key is `None`.
-fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+pub(super) fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
     <&RawValue>::deserialize(d).map(Some)
 }
 
@@ -170,6 +170,15 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseFailure<'_>> {
         };
         return Err(ParseFailure { id: None, error });
     }
+    // Fast path: valid requests parse strictly; anything else takes the lenient pass.
+    if let Ok(fast) = serde_json::from_slice::<super::strict::FastEnvelope<'_>>(body) {
+        return Ok(Parsed { raw: fast.into() });
+    }
+    parse_lenient(body)
+}
+
+/// The lenient pass alone (the fast path's fallback).
+fn parse_lenient(body: &[u8]) -> Result<Parsed<'_>, ParseFailure<'_>> {
     match serde_json::from_slice::<RawEnvelope<'_>>(body) {
         Ok(raw) => Ok(Parsed { raw }),
         Err(e) if e.is_data() => Err(ParseFailure {
@@ -188,23 +197,20 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseFailure<'_>> {
 }
 
 fn opt_string<'a>(
-    value: Option<LooseStr<'a>>,
+    value: LooseStr<'a>,
     field: &'static str,
 ) -> Result<Option<Cow<'a, str>>, EnvelopeError> {
     match value {
-        None => Ok(None),
-        Some(LooseStr::Str(s)) => Ok(Some(s)),
-        Some(LooseStr::Other(kind)) => Err(bad_param(
+        LooseStr::Absent => Ok(None),
+        LooseStr::Str(s) => Ok(Some(s)),
+        LooseStr::Other(kind) => Err(bad_param(
             field,
             format!("{field} must be a string, not {}", kind.name()),
         )),
     }
 }
 
-fn req_string<'a>(
-    value: Option<LooseStr<'a>>,
-    field: &'static str,
-) -> Result<Cow<'a, str>, EnvelopeError> {
+fn req_string<'a>(value: LooseStr<'a>, field: &'static str) -> Result<Cow<'a, str>, EnvelopeError> {
     opt_string(value, field)?.ok_or_else(|| bad_param(field, format!("{field} is required")))
 }
 
@@ -216,13 +222,13 @@ impl<'a> Parsed<'a> {
 
     /// The `method` string as sent, when it is a string (for path agreement checks).
     pub fn method_name(&self) -> Option<&str> {
-        self.raw.method.as_ref().and_then(LooseStr::as_str)
+        self.raw.method.as_str()
     }
 
     /// Phase two: every semantic check, in a fixed order.
     pub fn validate(self) -> Result<Envelope<'a>, EnvelopeError> {
         let raw = self.raw;
-        match raw.jsonrpc.as_ref().and_then(LooseStr::as_str) {
+        match raw.jsonrpc.as_str() {
             Some("2.0") => {}
             _ => return Err(invalid("jsonrpc_version", "\"jsonrpc\" must be \"2.0\"")),
         }
@@ -242,20 +248,20 @@ impl<'a> Parsed<'a> {
             ));
         }
         let method = match raw.method {
-            Some(LooseStr::Str(name)) => {
+            LooseStr::Str(name) => {
                 Method::from_name(&name).ok_or(EnvelopeError::MethodNotFound(name.into_owned()))?
             }
             _ => return Err(invalid("method_type", "\"method\" must be a string")),
         };
         let params = match raw.params {
-            Some(LooseObj::Obj(p)) => p,
-            Some(LooseObj::Other(kind)) => {
+            LooseObj::Obj(p) => p,
+            LooseObj::Other(kind) => {
                 return Err(bad_param(
                     "params",
                     format!("params must be an object, not {}", kind.name()),
                 ))
             }
-            None => return Err(bad_param("params", "params is required")),
+            LooseObj::Absent => return Err(bad_param("params", "params is required")),
         };
         if method.carries_message() {
             validate_message(method, id, params)
@@ -271,14 +277,14 @@ fn validate_message<'a>(
     params: RawParams<'a>,
 ) -> Result<Envelope<'a>, EnvelopeError> {
     let m = match params.message {
-        Some(LooseObj::Obj(m)) => m,
-        Some(LooseObj::Other(kind)) => {
+        LooseObj::Obj(m) => m,
+        LooseObj::Other(kind) => {
             return Err(bad_param(
                 "params.message",
                 format!("params.message must be an object, not {}", kind.name()),
             ))
         }
-        None => return Err(bad_param("params.message", "params.message is required")),
+        LooseObj::Absent => return Err(bad_param("params.message", "params.message is required")),
     };
     const COMMAND: &str = "params.message.command";
     let command = match opt_string(m.command, COMMAND)? {
@@ -559,6 +565,66 @@ mod tests {
             r#"{"jsonrpc":"2.0","method":"notification/start","id":2,"params":{"message":{"command":"start","taskId":"a"}}}"#,
         );
         assert_eq!(e.method, Method::NotificationStart);
+    }
+
+    /// The fast path must decide exactly as the lenient pass does.
+    #[test]
+    fn fast_and_lenient_paths_agree() {
+        fn outcome(r: Result<Parsed<'_>, ParseFailure<'_>>) -> String {
+            match r {
+                Err(f) => format!("parse-err {:?} id={:?}", f.error, f.id.map(|i| i.get())),
+                Ok(p) => {
+                    let id = p.id().map(|i| i.get().to_owned());
+                    format!("{:?} id={id:?}", p.validate())
+                }
+            }
+        }
+        let msg = r#""message":{"command":"start","taskId":"t","sessionId":"s","senderId":"A","senderRole":"leader"}"#;
+        let mut bodies = vec![START.to_owned()];
+        for (from, to) in [
+            (r#""senderId":"A""#, r#""senderId":null"#),
+            (r#""senderId":"A""#, r#""senderId":7"#),
+            (r#""senderId":"A""#, r#""senderId":"AB""#),
+            (r#""command":"start""#, r#""command":null"#),
+            (r#""command":"start""#, r#""command":["start"]"#),
+            (r#""taskId":"t""#, r#""taskId":{}"#),
+            (msg, r#""message":null"#),
+            (msg, r#""message":["x"]"#),
+            (msg, r#""message":"x""#),
+            (msg, r#""message":{},"message":{}"#),
+            (msg, r#""taskId":null"#),
+            (msg, r#""taskId":"t","url":"u","token":null"#),
+        ] {
+            bodies.push(
+                format!(r#"{{"jsonrpc":"2.0","method":"rpc","id":1,"params":{{{msg}}}}}"#)
+                    .replace(from, to),
+            );
+        }
+        for (from, to) in [
+            (r#""params":{"#, r#""params":[{"#),
+            (r#""jsonrpc":"2.0""#, r#""jsonrpc":null"#),
+            (r#""jsonrpc":"2.0""#, r#""jsonrpc":2.0"#),
+            (r#""method":"rpc""#, r#""method":null"#),
+            (r#""method":"rpc""#, r#""method":"rpc""#),
+            (r#""id":1"#, r#""id":null"#),
+            (r#""id":1"#, r#""id":[1]"#),
+            (r#""id":1"#, r#""id":1,"id":2"#),
+            (r#""id":1,"#, ""),
+        ] {
+            let b = format!(r#"{{"jsonrpc":"2.0","method":"rpc","id":1,"params":{{{msg}}}}}"#);
+            bodies.push(b.replace(from, to));
+        }
+        bodies.push(r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":[{"message":{}}]}"#.into());
+        bodies.push(r#"{"jsonrpc":"2.0","method":"rpc","id":1}"#.into());
+        bodies.push(r#"{"jsonrpc":"2.0","method":"group","id":1,"params":{}}"#.into());
+        bodies.push(
+            r#"{"jsonrpc":"2.0","method":"notification/get","id":1,"params":{"taskId":null}}"#
+                .into(),
+        );
+        for body in &bodies {
+            let b = body.as_bytes();
+            assert_eq!(outcome(parse(b)), outcome(parse_lenient(b)), "{body}");
+        }
     }
 
     #[test]

@@ -45,8 +45,14 @@ impl Kind {
 }
 
 /// A value that should be a string: the string, or the kind of what was there instead.
-#[derive(Debug)]
+///
+/// `Absent` (the `Default`) stands for a missing key, so fields need no `Option` layer
+/// (serde_json's `deserialize_option` would peek for `null` before every value).
+#[derive(Debug, Default)]
 pub enum LooseStr<'a> {
+    /// The key was not there.
+    #[default]
+    Absent,
     /// A string, borrowed from the input when it has no escapes.
     Str(Cow<'a, str>),
     /// Something else.
@@ -54,8 +60,11 @@ pub enum LooseStr<'a> {
 }
 
 /// A value that should be an object read as `T`, or the kind of what was there instead.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub enum LooseObj<T> {
+    /// The key was not there.
+    #[default]
+    Absent,
     /// An object.
     Obj(T),
     /// Something else.
@@ -149,7 +158,7 @@ impl LooseStr<'_> {
     pub fn as_str(&self) -> Option<&str> {
         match self {
             LooseStr::Str(s) => Some(s),
-            LooseStr::Other(_) => None,
+            LooseStr::Absent | LooseStr::Other(_) => None,
         }
     }
 }

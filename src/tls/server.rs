@@ -2,9 +2,9 @@
 //! certificates verified against the configured CAs and CRLs.
 //!
 //! Two modes (`listener.client_auth`):
-//! - `strict`: [`StrictVerifier`] fails the handshake on a missing or bad certificate,
-//!   including one that carries no valid AIC.
-//! - `jsonrpc`: [`DeferredVerifier`] lets every handshake complete, but still checks the
+//! - `strict`: [`GatewayClientVerifier`] fails the handshake on a missing or bad
+//!   certificate, including one that carries no valid AIC.
+//! - `jsonrpc`: [`GatewayClientVerifier`] lets every handshake complete, but still checks the
 //!   CertificateVerify signature (the client proves it holds the key); the chain is then
 //!   verified once per connection by `identity::authenticate` with the very same
 //!   WebPKI verifier, so both modes are equally strict. The verdict becomes a JSON-RPC
@@ -71,21 +71,12 @@ pub fn client_chain_verifier(l: &ListenerConfig) -> anyhow::Result<Arc<dyn Clien
 /// Builds the listener's TLS settings.
 pub fn build(l: &ListenerConfig, aic_suffix: &str) -> anyhow::Result<ServerTls> {
     let chain = client_chain_verifier(l)?;
-    let (verifier, deferred): (Arc<dyn ClientCertVerifier>, _) = match l.client_auth {
-        ClientAuthMode::Strict => (
-            Arc::new(StrictVerifier {
-                inner: chain,
-                aic_suffix: aic_suffix.to_owned(),
-            }),
-            None,
-        ),
-        ClientAuthMode::Jsonrpc => (
-            Arc::new(DeferredVerifier {
-                inner: chain.clone(),
-            }),
-            Some(chain),
-        ),
-    };
+    let strict = l.client_auth == ClientAuthMode::Strict;
+    let verifier = Arc::new(GatewayClientVerifier {
+        inner: chain.clone(),
+        strict_aic_suffix: strict.then(|| aic_suffix.to_owned()),
+    });
+    let deferred = (!strict).then_some(chain);
     let certs = pem::load_certs(&l.cert).context("listener.cert")?;
     let key = pem::load_key(&l.key).context("listener.key")?;
     let mut config = ServerConfig::builder_with_provider(provider())
@@ -101,66 +92,22 @@ pub fn build(l: &ListenerConfig, aic_suffix: &str) -> anyhow::Result<ServerTls> 
     })
 }
 
-/// `jsonrpc` mode: accepts any chain during the handshake (it is verified right after),
-/// but always checks the handshake signature against the presented certificate.
+/// The listener's client-certificate verifier, in one of the two modes.
 #[derive(Debug)]
-pub struct DeferredVerifier {
+pub struct GatewayClientVerifier {
     inner: Arc<dyn ClientCertVerifier>,
+    /// `Some(suffix)` in strict mode: chain and AIC are checked during the handshake.
+    /// `None` in jsonrpc mode: any chain is accepted here and verified right after the
+    /// handshake by `identity::authenticate`, with `inner`.
+    strict_aic_suffix: Option<String>,
 }
 
-impl ClientCertVerifier for DeferredVerifier {
+impl ClientCertVerifier for GatewayClientVerifier {
     fn offer_client_auth(&self) -> bool {
         true
     }
     fn client_auth_mandatory(&self) -> bool {
-        false
-    }
-    fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        self.inner.root_hint_subjects()
-    }
-    fn verify_client_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _now: UnixTime,
-    ) -> Result<ClientCertVerified, TlsError> {
-        // Deferred to identity::authenticate, which runs `inner` on the same chain.
-        Ok(ClientCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, TlsError> {
-        self.inner.verify_tls12_signature(message, cert, dss)
-    }
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, TlsError> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
-    }
-}
-
-/// `strict` mode: the WebPKI chain check plus the AIC rules, both during the handshake.
-#[derive(Debug)]
-pub struct StrictVerifier {
-    inner: Arc<dyn ClientCertVerifier>,
-    aic_suffix: String,
-}
-
-impl ClientCertVerifier for StrictVerifier {
-    fn offer_client_auth(&self) -> bool {
-        true
-    }
-    fn client_auth_mandatory(&self) -> bool {
-        true
+        self.strict_aic_suffix.is_some()
     }
     fn root_hint_subjects(&self) -> &[DistinguishedName] {
         self.inner.root_hint_subjects()
@@ -171,14 +118,19 @@ impl ClientCertVerifier for StrictVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, TlsError> {
+        let Some(suffix) = &self.strict_aic_suffix else {
+            return Ok(ClientCertVerified::assertion()); // deferred, see above
+        };
         let ok = self
             .inner
             .verify_client_cert(end_entity, intermediates, now)?;
-        aic_from_certificate(end_entity, &self.aic_suffix).map_err(|_| {
+        aic_from_certificate(end_entity, suffix).map_err(|_| {
             TlsError::InvalidCertificate(CertificateError::ApplicationVerificationFailure)
         })?;
         Ok(ok)
     }
+    // The handshake signature proves the client holds the certificate's key; it is
+    // checked in both modes.
     fn verify_tls12_signature(
         &self,
         message: &[u8],

@@ -88,3 +88,36 @@ async fn slow_headers_are_disconnected() {
     tls.flush().await.unwrap();
     within(5, read_to_end(&mut tls)).await;
 }
+
+#[tokio::test]
+async fn max_connections_holds_extra_clients_in_the_queue() {
+    let pki = Pki::new();
+    let gw = start_gateway(&pki.config("max_connections = 1", "")).await;
+    let leader = Leader::new(
+        &pki,
+        Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))),
+        false,
+    );
+    let first = leader.connect(gw.addr).await.unwrap();
+    // The second client is accepted by the kernel but not served: its handshake stalls.
+    let second = tokio::spawn({
+        let leader = leader.clone();
+        let addr = gw.addr;
+        async move { leader.connect(addr).await }
+    });
+    let stalled = tokio::time::timeout(std::time::Duration::from_millis(300), async {
+        while !second.is_finished() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert!(
+        stalled.is_err(),
+        "the second connection was served while the first was open"
+    );
+    drop(first);
+    within(5, second)
+        .await
+        .unwrap()
+        .expect("served once the first closed");
+}

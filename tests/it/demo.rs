@@ -1,0 +1,107 @@
+//! The README's demo: the committed config and development certificates, the demo
+//! Partner behind the gateway (on free ports instead of the demo's fixed ones).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use aipgw::config::Config;
+use aipgw::demo::{partner, DemoOptions, DemoPartner};
+use aipgw::tls::pem;
+use aipgw::Gateway;
+use tokio::net::TcpListener;
+
+use crate::support::*;
+
+fn dev_leader(name: &str, h2: bool) -> Leader {
+    let certs = Path::new(env!("CARGO_MANIFEST_DIR")).join("certs");
+    let mut roots = rustls::RootCertStore::empty();
+    for c in pem::load_certs(&certs.join("ca.pem")).unwrap() {
+        roots.add(c).unwrap();
+    }
+    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13])
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_client_auth_cert(
+        pem::load_certs(&certs.join(format!("{name}.pem"))).unwrap(),
+        pem::load_key(&certs.join(format!("{name}.key"))).unwrap(),
+    )
+    .unwrap();
+    cfg.alpn_protocols = vec![if h2 {
+        b"h2".to_vec()
+    } else {
+        b"http/1.1".to_vec()
+    }];
+    Leader {
+        tls: Arc::new(cfg),
+        h2,
+    }
+}
+
+#[tokio::test]
+async fn demo_config_and_dev_certificates_work_end_to_end() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/aipgw.toml");
+    let mut config = Config::load(&path).expect("config/aipgw.toml must load");
+    let partner_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let paddr = partner_listener.local_addr().unwrap();
+    config.partners[0].upstreams = vec![format!("http://{paddr}").parse().unwrap()];
+    tokio::spawn(partner::serve(
+        partner_listener,
+        DemoPartner::new(DemoOptions {
+            event_interval: std::time::Duration::ZERO,
+            ..DemoOptions::default()
+        }),
+        std::future::pending(),
+    ));
+    let gateway = Gateway::new(config).expect("dev certificates must load");
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(aipgw::server::run(
+        listener,
+        gateway,
+        std::future::pending(),
+    ));
+
+    let v1 = dev_leader("leader-v1", false);
+    let r = v1
+        .post(
+            addr,
+            "/partners/demo/rpc",
+            &rpc_start("\"1\"", LEADER_A, "task-1"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["result"]["status"]["state"], "awaiting-completion");
+    assert!(v["result"]["products"][0]["dataItems"][0]["text"]
+        .as_str()
+        .unwrap()
+        .contains(LEADER_A));
+    let complete = rpc_start("\"2\"", LEADER_A, "task-1").replace("\"start\"", "\"complete\"");
+    let r = v1
+        .post(addr, "/partners/demo/rpc", &complete)
+        .await
+        .unwrap();
+    assert_eq!(r.json()["result"]["status"]["state"], "completed");
+
+    // The v2.1-profile Leader streams over HTTP/2: five events, eventSeq 1..=5.
+    let v2 = dev_leader("leader-v2", true);
+    let body = rpc_start("\"s\"", LEADER_B, "task-2")
+        .replace("\"method\":\"rpc\"", "\"method\":\"stream\"");
+    let r = v2.post(addr, "/partners/demo/stream", &body).await.unwrap();
+    assert_eq!(r.headers["content-type"], "text/event-stream");
+    let seqs: Vec<u64> = r
+        .text()
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| {
+            serde_json::from_str::<serde_json::Value>(d).unwrap()["result"]["eventSeq"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(seqs, vec![1, 2, 3, 4, 5]);
+}
