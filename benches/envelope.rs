@@ -5,6 +5,7 @@
 //!   params: &RawValue}`, the baseline the issue names;
 //! - `plain_borrowed_nested`: strict borrowed structs reading the same fields the gateway
 //!   reads (`params.message` command, taskId, sessionId, senderId, senderRole);
+//! - `aipgw_parse_only`: `jsonrpc::parse` alone (fast path, no semantic checks);
 //! - `aipgw_validate`: `jsonrpc::parse` + `Parsed::validate` (every envelope check);
 //! - `value_tree`: `serde_json::Value`, for reference.
 #![allow(missing_docs)]

@@ -616,6 +616,10 @@ mod tests {
         }
         bodies.push(r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":[{"message":{}}]}"#.into());
         bodies.push(r#"{"jsonrpc":"2.0","method":"rpc","id":1}"#.into());
+        bodies.push(r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":[]}"#.into());
+        bodies.push(r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":{"message":{"task\u0049d":"t","sender\u0049d":5}}}"#.into());
+        bodies.push(r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":{"x":1,"x":2,"message":{"y":[],"y":{}}}}"#.into());
+        bodies.push(r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":{"message":{"taskId":"a","taskId":"b"}}}"#.into());
         bodies.push(r#"{"jsonrpc":"2.0","method":"group","id":1,"params":{}}"#.into());
         bodies.push(
             r#"{"jsonrpc":"2.0","method":"notification/get","id":1,"params":{"taskId":null}}"#
