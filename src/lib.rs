@@ -45,6 +45,7 @@ pub mod jsonrpc;
 pub mod proxy;
 pub mod routing;
 pub mod server;
+pub mod sse;
 pub mod tls;
 pub mod upstream;
 

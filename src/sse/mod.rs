@@ -1,0 +1,4 @@
+//! Server-sent events: splitting a Partner's stream into events, reading their
+//! `eventSeq`, buffering them for replay, and relaying them to Leaders.
+
+pub mod splitter;
