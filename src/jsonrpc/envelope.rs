@@ -107,7 +107,7 @@ struct IdOnly<'a> {
 
 /// `Option<&RawValue>` maps `null` to `None`; here a present `null` is `Some("null")`
 /// and only an absent key is `None`.
-pub(super) fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+pub(crate) fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
     <&RawValue>::deserialize(d).map(Some)
 }
 

@@ -144,12 +144,16 @@ fn scan(
 }
 
 /// The fields of an event that the relay reads. `data` lines are joined with `\n`.
+///
+/// The one allocation per event is `data_spans` (a `Vec` of one element for the usual
+/// one-line event); multi-line data is also joined into an owned buffer.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Fields<'a> {
     /// The joined `data` value, borrowed when the event has one data line.
     pub data: Option<std::borrow::Cow<'a, [u8]>>,
-    /// For one-line data: the offset of the data value within the event bytes.
-    pub data_offset: Option<usize>,
+    /// For each `data` line: (offset of its value in the event bytes, its length).
+    /// The joined data is these values separated by `\n`.
+    pub data_spans: Vec<(usize, usize)>,
     /// The `id` field.
     pub id: Option<&'a [u8]>,
 }
@@ -181,13 +185,10 @@ pub fn fields(event: &[u8]) -> Fields<'_> {
         };
         match name {
             b"data" => {
+                f.data_spans.push((value_off, value.len()));
                 f.data = Some(match f.data.take() {
-                    None => {
-                        f.data_offset = Some(value_off);
-                        std::borrow::Cow::Borrowed(value)
-                    }
+                    None => std::borrow::Cow::Borrowed(value),
                     Some(prev) => {
-                        f.data_offset = None;
                         let mut joined = prev.into_owned();
                         joined.push(b'\n');
                         joined.extend_from_slice(value);
@@ -296,11 +297,11 @@ mod tests {
         let ev = b"id: 3\r\ndata: {\"a\":\r\ndata: 1}\r\n\r\n";
         let f = fields(ev);
         assert_eq!(f.data.as_deref(), Some(&b"{\"a\":\n1}"[..]));
-        assert_eq!(f.data_offset, None);
+        assert_eq!(f.data_spans, vec![(13, 5), (26, 2)]);
         assert_eq!(f.id, Some(&b"3"[..]));
         let ev = b": c\ndata:{\"a\":1}\n\n";
         let f = fields(ev);
         assert_eq!(f.data.as_deref(), Some(&b"{\"a\":1}"[..]));
-        assert_eq!(f.data_offset, Some(9));
+        assert_eq!(f.data_spans, vec![(9, 7)]);
     }
 }

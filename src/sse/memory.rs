@@ -1,0 +1,625 @@
+//! The in-memory replay store (the default).
+//!
+//! Bounds: per stream (events, bytes), in total (bytes, streams), and a retention time
+//! after a stream ends. Over budget, the oldest *finished* streams go first; only when
+//! none is left are the oldest events of open streams trimmed (their readers get an
+//! explicit gap error, never a silent one). A record evicted from the index while its
+//! stream is still open keeps serving the Leaders already following it.
+//!
+//! Locking: the index lock may be taken before a record's lock, never after it.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::replay::{
+    Cursor, Entry, FollowerGuard, Gap, ReplayStats, ReplayStore, StreamEnd, StreamKey, StreamMeta,
+    StreamRecord, NO_SEQ,
+};
+
+/// The store's bounds (see `[replay]` in the config).
+#[derive(Debug, Clone, Copy)]
+pub struct ReplayLimits {
+    /// Events kept per stream.
+    pub max_events_per_stream: usize,
+    /// Bytes kept per stream.
+    pub max_bytes_per_stream: usize,
+    /// Bytes kept in all.
+    pub max_total_bytes: usize,
+    /// Streams kept.
+    pub max_streams: usize,
+    /// How long a finished stream stays replayable.
+    pub retention: Duration,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+struct Totals {
+    bytes: AtomicUsize,
+    events: AtomicUsize,
+    evicted_streams: AtomicU64,
+    evicted_events: AtomicU64,
+}
+
+struct Index {
+    map: HashMap<StreamKey, Arc<MemRecord>>,
+    /// Open records in creation order (may hold stale ids; checked against the map).
+    opened: VecDeque<(StreamKey, u64)>,
+    /// Finished records in finishing order.
+    finished: VecDeque<(StreamKey, u64, Instant)>,
+    next_id: u64,
+}
+
+struct Shared {
+    limits: ReplayLimits,
+    totals: Totals,
+    index: Mutex<Index>,
+}
+
+/// The in-memory store.
+pub struct MemoryStore {
+    shared: Arc<Shared>,
+}
+
+struct LogState {
+    entries: VecDeque<Entry>,
+    /// Position of `entries[0]`.
+    base_pos: u64,
+    bytes: usize,
+    evicted_through: Option<u64>,
+    last_seq: Option<u64>,
+    end: Option<StreamEnd>,
+}
+
+/// One stream's log, in memory.
+pub struct MemRecord {
+    id: u64,
+    key: StreamKey,
+    meta: StreamMeta,
+    state: Mutex<LogState>,
+    changes: watch::Sender<u64>,
+    followers: watch::Sender<usize>,
+    shared: Weak<Shared>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new(limits: ReplayLimits) -> MemoryStore {
+        MemoryStore {
+            shared: Arc::new(Shared {
+                limits,
+                totals: Totals {
+                    bytes: AtomicUsize::new(0),
+                    events: AtomicUsize::new(0),
+                    evicted_streams: AtomicU64::new(0),
+                    evicted_events: AtomicU64::new(0),
+                },
+                index: Mutex::new(Index {
+                    map: HashMap::new(),
+                    opened: VecDeque::new(),
+                    finished: VecDeque::new(),
+                    next_id: 0,
+                }),
+            }),
+        }
+    }
+}
+
+impl Shared {
+    /// Drops finished records past their retention.
+    fn expire(&self, index: &mut Index, now: Instant) {
+        while let Some((key, id, at)) = index.finished.front() {
+            if *at + self.limits.retention > now {
+                break;
+            }
+            if index.map.get(key).is_some_and(|r| r.id == *id) {
+                if let Some(r) = index.map.remove(key) {
+                    r.clear();
+                }
+            }
+            index.finished.pop_front();
+        }
+    }
+
+    /// Evicts until the totals are within budget (`extra_streams` = a stream about to be
+    /// added).
+    fn make_room(&self, index: &mut Index, extra_streams: usize) {
+        let t = &self.totals;
+        let over = |index: &Index| {
+            t.bytes.load(Ordering::Acquire) > self.limits.max_total_bytes
+                || index.map.len() + extra_streams > self.limits.max_streams
+        };
+        // 1. The oldest finished streams.
+        while over(index) {
+            let Some((key, id, _)) = index.finished.pop_front() else {
+                break;
+            };
+            if index.map.get(&key).is_some_and(|r| r.id == id) {
+                if let Some(r) = index.map.remove(&key) {
+                    r.clear();
+                    t.evicted_streams.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        // 2. Too many streams, all open: the oldest leaves the index (its followers keep it).
+        while index.map.len() + extra_streams > self.limits.max_streams {
+            let Some((key, id)) = index.opened.pop_front() else {
+                break;
+            };
+            if index.map.get(&key).is_some_and(|r| r.id == id) {
+                index.map.remove(&key);
+                t.evicted_streams.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        // 3. Too many bytes, all open: trim the oldest events of the oldest streams.
+        let mut i = 0;
+        while t.bytes.load(Ordering::Acquire) > self.limits.max_total_bytes
+            && i < index.opened.len()
+        {
+            let (key, id) = &index.opened[i];
+            match index.map.get(key) {
+                Some(r) if r.id == *id => {
+                    if !r.trim_one() {
+                        i += 1;
+                    }
+                }
+                _ => i += 1,
+            }
+        }
+    }
+}
+
+impl ReplayStore for MemoryStore {
+    fn open(&self, key: StreamKey, meta: StreamMeta) -> Arc<dyn StreamRecord> {
+        let sh = &self.shared;
+        let mut index = lock(&sh.index);
+        sh.expire(&mut index, Instant::now());
+        if let Some(old) = index.map.remove(&key) {
+            old.clear();
+        }
+        sh.make_room(&mut index, 1);
+        let id = index.next_id;
+        index.next_id += 1;
+        let record = Arc::new(MemRecord {
+            id,
+            key: key.clone(),
+            meta,
+            state: Mutex::new(LogState {
+                entries: VecDeque::new(),
+                base_pos: 0,
+                bytes: 0,
+                evicted_through: None,
+                last_seq: None,
+                end: None,
+            }),
+            changes: watch::channel(0).0,
+            followers: watch::channel(0).0,
+            shared: Arc::downgrade(sh),
+        });
+        // Keep the creation-order queue from growing with stale ids.
+        if index.opened.len() > 2 * sh.limits.max_streams {
+            let map = &index.map;
+            let live: VecDeque<_> = index
+                .opened
+                .iter()
+                .filter(|(k, i)| map.get(k).is_some_and(|r| r.id == *i))
+                .cloned()
+                .collect();
+            index.opened = live;
+        }
+        index.opened.push_back((key.clone(), id));
+        index.map.insert(key, record.clone());
+        record
+    }
+
+    fn find(&self, key: &StreamKey) -> Option<Arc<dyn StreamRecord>> {
+        let mut index = lock(&self.shared.index);
+        self.shared.expire(&mut index, Instant::now());
+        index
+            .map
+            .get(key)
+            .map(|r| r.clone() as Arc<dyn StreamRecord>)
+    }
+
+    fn stats(&self) -> ReplayStats {
+        let t = &self.shared.totals;
+        ReplayStats {
+            streams: lock(&self.shared.index).map.len(),
+            bytes: t.bytes.load(Ordering::Acquire),
+            events: t.events.load(Ordering::Acquire),
+            evicted_streams: t.evicted_streams.load(Ordering::Relaxed),
+            evicted_events: t.evicted_events.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl MemRecord {
+    fn totals(&self) -> Option<Arc<Shared>> {
+        self.shared.upgrade()
+    }
+
+    /// Removes the oldest entry; false when there is none.
+    fn trim_one(&self) -> bool {
+        let mut st = lock(&self.state);
+        let Some(e) = st.entries.pop_front() else {
+            return false;
+        };
+        st.base_pos += 1;
+        st.bytes -= e.bytes.len();
+        if e.seq != NO_SEQ {
+            st.evicted_through = Some(st.evicted_through.map_or(e.seq, |x| x.max(e.seq)));
+        }
+        drop(st);
+        if let Some(sh) = self.totals() {
+            sh.totals.bytes.fetch_sub(e.bytes.len(), Ordering::AcqRel);
+            sh.totals.events.fetch_sub(1, Ordering::AcqRel);
+            sh.totals.evicted_events.fetch_add(1, Ordering::Relaxed);
+        }
+        true
+    }
+
+    /// Drops every entry (the record left the store).
+    fn clear(&self) {
+        let mut st = lock(&self.state);
+        let (bytes, n) = (st.bytes, st.entries.len());
+        if let Some(last) = st.last_seq {
+            st.evicted_through = Some(last);
+        }
+        st.base_pos += n as u64;
+        st.entries.clear();
+        st.bytes = 0;
+        drop(st);
+        if let Some(sh) = self.totals() {
+            sh.totals.bytes.fetch_sub(bytes, Ordering::AcqRel);
+            sh.totals.events.fetch_sub(n, Ordering::AcqRel);
+        }
+        self.changes.send_modify(|v| *v += 1);
+    }
+}
+
+impl Drop for MemRecord {
+    fn drop(&mut self) {
+        let st = lock(&self.state);
+        if let Some(sh) = self.shared.upgrade() {
+            sh.totals.bytes.fetch_sub(st.bytes, Ordering::AcqRel);
+            sh.totals
+                .events
+                .fetch_sub(st.entries.len(), Ordering::AcqRel);
+        }
+    }
+}
+
+impl StreamRecord for MemRecord {
+    fn meta(&self) -> &StreamMeta {
+        &self.meta
+    }
+
+    fn append(&self, entry: Entry) {
+        let Some(sh) = self.totals() else { return };
+        let len = entry.bytes.len();
+        let mut st = lock(&self.state);
+        if entry.seq != NO_SEQ {
+            st.last_seq = Some(entry.seq);
+        }
+        st.entries.push_back(entry);
+        st.bytes += len;
+        sh.totals.bytes.fetch_add(len, Ordering::AcqRel);
+        sh.totals.events.fetch_add(1, Ordering::AcqRel);
+        let over_stream = |st: &LogState| {
+            st.entries.len() > sh.limits.max_events_per_stream
+                || st.bytes > sh.limits.max_bytes_per_stream
+        };
+        let mut trimmed = 0;
+        while over_stream(&st) && st.entries.len() > 1 {
+            let Some(e) = st.entries.pop_front() else {
+                break;
+            };
+            st.base_pos += 1;
+            st.bytes -= e.bytes.len();
+            if e.seq != NO_SEQ {
+                st.evicted_through = Some(st.evicted_through.map_or(e.seq, |x| x.max(e.seq)));
+            }
+            sh.totals.bytes.fetch_sub(e.bytes.len(), Ordering::AcqRel);
+            sh.totals.events.fetch_sub(1, Ordering::AcqRel);
+            trimmed += 1;
+        }
+        drop(st);
+        if trimmed > 0 {
+            sh.totals
+                .evicted_events
+                .fetch_add(trimmed, Ordering::Relaxed);
+        }
+        if sh.totals.bytes.load(Ordering::Acquire) > sh.limits.max_total_bytes {
+            sh.make_room(&mut lock(&sh.index), 0);
+        }
+        self.changes.send_modify(|v| *v += 1);
+    }
+
+    fn finish(&self, end: StreamEnd) {
+        lock(&self.state).end = Some(end);
+        if let Some(sh) = self.totals() {
+            let mut index = lock(&sh.index);
+            if index.map.get(&self.key).is_some_and(|r| r.id == self.id) {
+                index
+                    .finished
+                    .push_back((self.key.clone(), self.id, Instant::now()));
+            }
+        }
+        self.changes.send_modify(|v| *v += 1);
+    }
+
+    fn last_seq(&self) -> Option<u64> {
+        lock(&self.state).last_seq
+    }
+
+    fn first_cursor(&self) -> Cursor {
+        let st = lock(&self.state);
+        Cursor {
+            next_pos: st.base_pos,
+            live_from: 0,
+        }
+    }
+
+    fn cursor_after(&self, after: Option<u64>) -> Result<Cursor, Gap> {
+        let st = lock(&self.state);
+        let gap = || Gap {
+            first_available_seq: st.entries.iter().map(|e| e.seq).find(|s| *s != NO_SEQ),
+            evicted_through: st.evicted_through.unwrap_or(0),
+        };
+        if let Some(evicted) = st.evicted_through {
+            if after.is_none_or(|a| a < evicted) {
+                return Err(gap());
+            }
+        }
+        let end = st.base_pos + st.entries.len() as u64;
+        let skip = st
+            .entries
+            .iter()
+            .position(|e| e.seq != NO_SEQ && after.is_none_or(|a| e.seq > a))
+            .map_or(end, |i| st.base_pos + i as u64);
+        Ok(Cursor {
+            next_pos: skip,
+            live_from: end,
+        })
+    }
+
+    fn read(&self, cursor: &mut Cursor, out: &mut Vec<Entry>) -> Result<Option<StreamEnd>, Gap> {
+        let st = lock(&self.state);
+        if cursor.next_pos < st.base_pos {
+            return Err(Gap {
+                first_available_seq: st.entries.iter().map(|e| e.seq).find(|s| *s != NO_SEQ),
+                evicted_through: st.evicted_through.unwrap_or(0),
+            });
+        }
+        let from = (cursor.next_pos - st.base_pos) as usize;
+        for (i, e) in st.entries.iter().enumerate().skip(from) {
+            let pos = st.base_pos + i as u64;
+            if e.seq == NO_SEQ && pos < cursor.live_from {
+                continue;
+            }
+            out.push(e.clone());
+        }
+        cursor.next_pos = st.base_pos + st.entries.len() as u64;
+        Ok(st.end.clone())
+    }
+
+    fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    fn followers(&self) -> watch::Receiver<usize> {
+        self.followers.subscribe()
+    }
+
+    fn follow(self: Arc<Self>) -> FollowerGuard {
+        self.followers.send_modify(|n| *n += 1);
+        FollowerGuard(self)
+    }
+
+    fn unfollow(&self) {
+        self.followers.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::Aic;
+    use bytes::Bytes;
+
+    fn limits() -> ReplayLimits {
+        ReplayLimits {
+            max_events_per_stream: 1000,
+            max_bytes_per_stream: 1 << 20,
+            max_total_bytes: 1 << 30,
+            max_streams: 100_000,
+            retention: Duration::from_secs(600),
+        }
+    }
+
+    fn key(i: usize) -> StreamKey {
+        StreamKey {
+            partner: "p".into(),
+            task_id: format!("t{i}").into(),
+        }
+    }
+
+    fn meta() -> StreamMeta {
+        StreamMeta {
+            owner: Aic::parse("10001000011K912345E789ABCDEF2353").unwrap(),
+            session_id: None,
+        }
+    }
+
+    fn entry(seq: u64, len: usize) -> Entry {
+        Entry {
+            seq,
+            bytes: Bytes::from(vec![b'x'; len]),
+            id_start: 0,
+            id_len: 0,
+        }
+    }
+
+    fn seqs(r: &Arc<dyn StreamRecord>, mut c: Cursor) -> Vec<u64> {
+        let mut out = Vec::new();
+        r.read(&mut c, &mut out).unwrap();
+        out.iter().map(|e| e.seq).collect()
+    }
+
+    #[test]
+    fn cursor_after_sees_every_later_event_or_a_gap() {
+        let store = MemoryStore::new(ReplayLimits {
+            max_events_per_stream: 3,
+            ..limits()
+        });
+        let r = store.open(key(0), meta());
+        for s in [1, 2, 5, 7] {
+            r.append(entry(s, 10));
+        }
+        // 1 was evicted (3 events per stream): resuming after 0 or from the start is a gap.
+        assert_eq!(r.cursor_after(None).unwrap_err().evicted_through, 1);
+        assert!(r.cursor_after(Some(0)).is_err());
+        assert_eq!(seqs(&r, r.cursor_after(Some(1)).unwrap()), vec![2, 5, 7]);
+        assert_eq!(seqs(&r, r.cursor_after(Some(2)).unwrap()), vec![5, 7]);
+        assert_eq!(seqs(&r, r.cursor_after(Some(3)).unwrap()), vec![5, 7]);
+        assert_eq!(
+            seqs(&r, r.cursor_after(Some(7)).unwrap()),
+            Vec::<u64>::new()
+        );
+        assert_eq!(store.stats().evicted_events, 1);
+    }
+
+    #[test]
+    fn events_without_seq_are_live_only() {
+        let store = MemoryStore::new(limits());
+        let r = store.open(key(0), meta());
+        r.append(entry(1, 1));
+        r.append(entry(NO_SEQ, 1));
+        r.append(entry(2, 1));
+        assert_eq!(seqs(&r, r.first_cursor()), vec![1, NO_SEQ, 2]);
+        let mut c = r.cursor_after(None).unwrap();
+        assert_eq!(seqs(&r, c), vec![1, 2]);
+        let mut out = Vec::new();
+        r.read(&mut c, &mut out).unwrap();
+        r.append(entry(NO_SEQ, 1));
+        out.clear();
+        r.read(&mut c, &mut out).unwrap();
+        assert_eq!(out.len(), 1, "a live event after joining is delivered");
+    }
+
+    #[test]
+    fn a_slow_reader_gets_a_gap_not_a_silent_skip() {
+        let store = MemoryStore::new(ReplayLimits {
+            max_events_per_stream: 2,
+            ..limits()
+        });
+        let r = store.open(key(0), meta());
+        let mut c = r.first_cursor();
+        for s in 1..=5 {
+            r.append(entry(s, 1));
+        }
+        let mut out = Vec::new();
+        assert!(r.read(&mut c, &mut out).is_err());
+    }
+
+    /// Issue test 7: 1,000 streams x 100 events within the total budget, the oldest
+    /// finished streams evicted first.
+    #[test]
+    fn thousand_streams_stay_within_budget_oldest_finished_first() {
+        let budget = 2_000_000; // 2 MB; the load below is 10 MB
+        let store = MemoryStore::new(ReplayLimits {
+            max_total_bytes: budget,
+            max_streams: 100_000,
+            ..limits()
+        });
+        let mut records = Vec::new();
+        for i in 0..1000 {
+            let r = store.open(key(i), meta());
+            for s in 1..=100 {
+                r.append(entry(s, 100));
+                assert!(store.stats().bytes <= budget, "over budget at stream {i}");
+            }
+            // Every stream but the multiples of ten finishes.
+            if i % 10 != 0 {
+                r.finish(StreamEnd::Complete);
+            }
+            records.push(r);
+        }
+        let st = store.stats();
+        assert!(st.bytes <= budget, "{st:?}");
+        assert_eq!(st.bytes, st.events * 100, "accounting matches the entries");
+        // Open streams were never touched while finished ones remained: all ten-multiples
+        // are still complete, and the finished survivors are the most recent ones.
+        for i in (0..1000).step_by(10) {
+            if let Some(r) = store.find(&key(i)) {
+                assert_eq!(
+                    seqs(&r, r.cursor_after(None).unwrap()).len(),
+                    100,
+                    "open stream {i} lost events"
+                );
+            }
+        }
+        let finished_kept: Vec<usize> = (0..1000)
+            .filter(|i| i % 10 != 0 && store.find(&key(*i)).is_some())
+            .collect();
+        let oldest_kept = finished_kept.first().copied().unwrap_or(1000);
+        assert!((oldest_kept..1000)
+            .filter(|i| i % 10 != 0)
+            .all(|i| store.find(&key(i)).is_some()));
+        assert!(st.evicted_streams > 0);
+        drop(records);
+        assert_eq!(store.stats().events, store.stats().bytes / 100);
+    }
+
+    #[test]
+    fn stream_count_cap_and_retention() {
+        let store = MemoryStore::new(ReplayLimits {
+            max_streams: 3,
+            ..limits()
+        });
+        let a = store.open(key(0), meta());
+        a.finish(StreamEnd::Complete);
+        let _b = store.open(key(1), meta());
+        let _c = store.open(key(2), meta());
+        let _d = store.open(key(3), meta());
+        // The finished one went first.
+        assert!(store.find(&key(0)).is_none());
+        assert!(store.find(&key(1)).is_some());
+        let _e = store.open(key(4), meta());
+        // All open: the oldest open one leaves the index.
+        assert!(store.find(&key(1)).is_none());
+        assert_eq!(store.stats().streams, 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn finished_streams_expire_after_retention() {
+        let store = MemoryStore::new(ReplayLimits {
+            retention: Duration::from_secs(600),
+            ..limits()
+        });
+        let r = store.open(key(0), meta());
+        r.append(entry(1, 10));
+        r.finish(StreamEnd::Complete);
+        tokio::time::advance(Duration::from_secs(599)).await;
+        assert!(store.find(&key(0)).is_some());
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert!(store.find(&key(0)).is_none());
+        drop(r);
+        assert_eq!(store.stats().bytes, 0);
+    }
+
+    #[test]
+    fn entry_overhead_is_at_most_64_bytes() {
+        assert!(
+            std::mem::size_of::<Entry>() <= 64,
+            "{}",
+            std::mem::size_of::<Entry>()
+        );
+    }
+}
