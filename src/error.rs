@@ -222,6 +222,7 @@ impl GatewayError {
             field,
             detail: Some(self.to_string()),
             partner,
+            ..Default::default()
         }
     }
 

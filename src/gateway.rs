@@ -9,6 +9,8 @@ use arc_swap::ArcSwap;
 
 use crate::config::Config;
 use crate::routing::{Partner, Router};
+use crate::sse::memory::MemoryStore;
+use crate::sse::replay::ReplayStore;
 use crate::tls::{self, ServerTls};
 use crate::upstream::UpstreamPool;
 
@@ -20,11 +22,13 @@ pub struct Snapshot {
     pub tls: ServerTls,
     /// The Partner table.
     pub router: Router,
+    /// The replay buffer (shared by every snapshot: it outlives config reloads).
+    pub replay: Arc<dyn ReplayStore>,
 }
 
 impl Snapshot {
     /// Builds TLS settings, upstream pools and the router (reads certificate files).
-    pub fn build(config: Config) -> anyhow::Result<Snapshot> {
+    pub fn build(config: Config, replay: Arc<dyn ReplayStore>) -> anyhow::Result<Snapshot> {
         let tls = tls::build_server(&config.listener, &config.aic_domain_suffix)?;
         let mut partners = Vec::with_capacity(config.partners.len());
         for p in &config.partners {
@@ -39,6 +43,7 @@ impl Snapshot {
             config: Arc::new(config),
             tls,
             router: Router::new(partners),
+            replay,
         })
     }
 }
@@ -51,8 +56,9 @@ pub struct Gateway {
 impl Gateway {
     /// Builds the gateway from a config.
     pub fn new(config: Config) -> anyhow::Result<Arc<Gateway>> {
+        let replay: Arc<dyn ReplayStore> = Arc::new(MemoryStore::new(config.replay));
         Ok(Arc::new(Gateway {
-            current: ArcSwap::from_pointee(Snapshot::build(config)?),
+            current: ArcSwap::from_pointee(Snapshot::build(config, replay)?),
         }))
     }
 

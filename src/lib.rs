@@ -12,7 +12,9 @@
 //! proxy       per request: body::read (size + time bounded, one allocation)
 //!             -> jsonrpc::envelope::parse (borrowed) -> authentication verdict
 //!             -> routing::Router::route -> envelope semantics -> senderId binding
-//!             -> upstream::UpstreamPool::forward (same Bytes) -> response streamed back
+//!             -> upstream::UpstreamPool::send (same Bytes) -> response streamed back
+//!             (`stream`: streams::handle records the SSE answer in the replay buffer and
+//!             the Leader follows the record; `re-stream` may be answered from it)
 //! error       every failure is one GatewayError, mapped to HTTP status + JSON-RPC error
 //!             in exactly one place (GatewayError::into_response)
 //! ```
@@ -27,6 +29,8 @@
 //! - [`routing`]: the Partner table: host + path -> Partner and method.
 //! - [`upstream`]: pooled clients to Partners, timeouts, identity headers.
 //! - [`proxy`]: the per-request pipeline tying the above together.
+//! - [`streams`]: the `stream` method: buffered relay, `re-stream` served by the gateway.
+//! - [`sse`]: SSE splitting, event inspection, the replay buffer and the relay.
 //! - [`body`]: bounded request body reading.
 //! - [`error`]: the one error type and its mapping.
 //! - [`devcerts`]: development certificate generation (rcgen).
@@ -46,6 +50,7 @@ pub mod proxy;
 pub mod routing;
 pub mod server;
 pub mod sse;
+pub mod streams;
 pub mod tls;
 pub mod upstream;
 

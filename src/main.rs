@@ -48,7 +48,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         }
         Command::Check { config } => {
             let cfg = Config::load(&config)?;
-            aipgw::gateway::Snapshot::build(cfg)?;
+            aipgw::Gateway::new(cfg)?;
             println!("{}: ok", config.display());
             Ok(())
         }

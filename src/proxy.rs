@@ -26,8 +26,9 @@ use crate::body::{read_bounded, BodyError};
 use crate::error::GatewayError;
 use crate::gateway::Snapshot;
 use crate::identity::{ConnAuth, PeerIdentity};
-use crate::jsonrpc::{self, RpcId};
+use crate::jsonrpc::{self, Command, Method, RpcId};
 use crate::routing::{request_host, Route};
+use crate::streams::{self, StreamRequest};
 
 /// Errors inside response bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -158,12 +159,28 @@ async fn pipeline(
         }
     }
 
+    let stream_req = match (&envelope.message, method) {
+        (Some(m), Method::Stream) => Some(StreamRequest {
+            command: m.command.unwrap_or(Command::Start),
+            task_id: envelope.task_id.as_deref().map(str::to_owned),
+            session_id: m.session_id.as_deref().map(str::to_owned),
+            last_event_seq: m
+                .last_event_seq
+                .or_else(|| streams::last_event_id(&parts.headers)),
+        }),
+        _ => None,
+    };
+
     let partner = &route.partner;
     let upstream = upstream_request(
         body,
         partner.pool.target(partner.path_for(method)),
         upstream_headers(&parts.headers, &identity, conn.peer),
     );
+    if let Some(stream_req) = stream_req {
+        let r = streams::handle(snap, partner, &identity, stream_req, id.clone(), upstream).await;
+        return with_id(r, &id);
+    }
     let resp = with_id(partner.pool.send(upstream).await, &id)?;
     Ok(relay_response(resp))
 }
@@ -237,7 +254,7 @@ pub fn upstream_headers(src: &HeaderMap, identity: &PeerIdentity, peer: SocketAd
 }
 
 /// The Partner's response, streamed back with hop-by-hop headers removed.
-fn relay_response(resp: Response<Incoming>) -> Response<ResponseBody> {
+pub fn relay_response(resp: Response<Incoming>) -> Response<ResponseBody> {
     let (parts, body) = resp.into_parts();
     let mut out = Response::new(body.map_err(BoxError::from).boxed_unsync());
     *out.status_mut() = parts.status;

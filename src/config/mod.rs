@@ -32,6 +32,10 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// Partner connection settings.
     pub upstream: UpstreamConfig,
+    /// SSE relay bounds.
+    pub stream: crate::sse::relay::StreamSettings,
+    /// Replay buffer bounds.
+    pub replay: crate::sse::memory::ReplayLimits,
     /// The Partners, in file order.
     pub partners: Vec<PartnerConfig>,
 }
@@ -151,6 +155,9 @@ impl Config {
             ("listener.idle_timeout", l.idle_timeout),
             ("upstream.connect_timeout", raw.upstream.connect_timeout),
             ("upstream.response_timeout", raw.upstream.response_timeout),
+            ("stream.keepalive_interval", raw.stream.keepalive_interval),
+            ("stream.idle_timeout", raw.stream.idle_timeout),
+            ("stream.detach_timeout", raw.stream.detach_timeout),
         ] {
             if d.is_zero() {
                 bail!("{key}: must be greater than zero");
@@ -161,6 +168,23 @@ impl Config {
         }
         if l.http2_max_concurrent_streams == 0 {
             bail!("listener.http2_max_concurrent_streams: must be at least 1");
+        }
+        for (key, n) in [
+            ("stream.max_event_bytes", raw.stream.max_event_bytes),
+            (
+                "replay.max_events_per_stream",
+                raw.replay.max_events_per_stream,
+            ),
+            (
+                "replay.max_bytes_per_stream",
+                raw.replay.max_bytes_per_stream,
+            ),
+            ("replay.max_total_bytes", raw.replay.max_total_bytes),
+            ("replay.max_streams", raw.replay.max_streams),
+        ] {
+            if n == 0 {
+                bail!("{key}: must be at least 1");
+            }
         }
         if raw.limits.max_body_bytes == 0 {
             bail!("limits.max_body_bytes: must be at least 1");
@@ -221,6 +245,19 @@ impl Config {
                 response_timeout: raw.upstream.response_timeout,
                 pool_idle_timeout: raw.upstream.pool_idle_timeout,
                 pool_max_idle_per_host: raw.upstream.pool_max_idle_per_host,
+            },
+            stream: crate::sse::relay::StreamSettings {
+                keepalive_interval: raw.stream.keepalive_interval,
+                idle_timeout: raw.stream.idle_timeout,
+                detach_timeout: raw.stream.detach_timeout,
+                max_event_bytes: raw.stream.max_event_bytes,
+            },
+            replay: crate::sse::memory::ReplayLimits {
+                max_events_per_stream: raw.replay.max_events_per_stream,
+                max_bytes_per_stream: raw.replay.max_bytes_per_stream,
+                max_total_bytes: raw.replay.max_total_bytes,
+                max_streams: raw.replay.max_streams,
+                retention: raw.replay.retention,
             },
             partners,
         })

@@ -24,9 +24,77 @@ pub struct RawConfig {
     /// Defaults for every Partner connection.
     #[serde(default)]
     pub upstream: RawUpstream,
+    /// SSE stream relay bounds.
+    #[serde(default)]
+    pub stream: RawStream,
+    /// Replay buffer bounds.
+    #[serde(default)]
+    pub replay: RawReplay,
     /// The Partners.
     #[serde(default, rename = "partner")]
     pub partners: Vec<RawPartner>,
+}
+
+/// `[stream]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStream {
+    /// A keep-alive comment goes to a Leader after this long without an event.
+    #[serde(default = "d15s", with = "humantime_serde")]
+    pub keepalive_interval: Duration,
+    /// A Partner stream that sends nothing for this long fails.
+    #[serde(default = "d5m", with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// With no Leader following for this long, the Partner stream is cancelled.
+    #[serde(default = "d5m", with = "humantime_serde")]
+    pub detach_timeout: Duration,
+    /// Largest SSE event accepted from a Partner.
+    #[serde(default = "default_max_event")]
+    pub max_event_bytes: usize,
+}
+
+impl Default for RawStream {
+    fn default() -> Self {
+        RawStream {
+            keepalive_interval: d15s(),
+            idle_timeout: d5m(),
+            detach_timeout: d5m(),
+            max_event_bytes: default_max_event(),
+        }
+    }
+}
+
+/// `[replay]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawReplay {
+    /// Events kept per stream.
+    #[serde(default = "default_events_per_stream")]
+    pub max_events_per_stream: usize,
+    /// Bytes kept per stream.
+    #[serde(default = "default_bytes_per_stream")]
+    pub max_bytes_per_stream: usize,
+    /// Bytes kept for all streams together.
+    #[serde(default = "default_total_bytes")]
+    pub max_total_bytes: usize,
+    /// Streams kept.
+    #[serde(default = "default_max_streams")]
+    pub max_streams: usize,
+    /// How long a finished stream stays replayable.
+    #[serde(default = "d10m", with = "humantime_serde")]
+    pub retention: Duration,
+}
+
+impl Default for RawReplay {
+    fn default() -> Self {
+        RawReplay {
+            max_events_per_stream: default_events_per_stream(),
+            max_bytes_per_stream: default_bytes_per_stream(),
+            max_total_bytes: default_total_bytes(),
+            max_streams: default_max_streams(),
+            retention: d10m(),
+        }
+    }
 }
 
 /// Client-certificate handling.
@@ -206,6 +274,30 @@ fn d60s() -> Duration {
 }
 fn d90s() -> Duration {
     Duration::from_secs(90)
+}
+fn d15s() -> Duration {
+    Duration::from_secs(15)
+}
+fn d5m() -> Duration {
+    Duration::from_secs(300)
+}
+fn d10m() -> Duration {
+    Duration::from_secs(600)
+}
+fn default_max_event() -> usize {
+    16 * 1024 * 1024
+}
+fn default_events_per_stream() -> usize {
+    10_000
+}
+fn default_bytes_per_stream() -> usize {
+    64 * 1024 * 1024
+}
+fn default_total_bytes() -> usize {
+    512 * 1024 * 1024
+}
+fn default_max_streams() -> usize {
+    10_000
 }
 fn default_max_connections() -> usize {
     10_000

@@ -5,8 +5,10 @@
 //!   `cancel`, `complete` follow the spec's transition table (a command that does not
 //!   apply to the current state is ignored and the task returned as it is).
 //! - `stream`: `start` answers with SSE events: `working`, product chunks,
-//!   `awaiting-completion`, with increasing `eventSeq`, then closes. It does not
-//!   implement `re-stream` (it answers -32004), so the gateway's own replay can be shown.
+//!   `awaiting-completion`, with increasing `eventSeq`; the stream stays open until the
+//!   Leader completes or cancels the task over `rpc`, then sends that terminal state and
+//!   closes. It does not implement `re-stream` (it answers -32004), so the gateway's own
+//!   replay can be shown.
 //! - `notification/*`: -32003; `group`: -32007; `GET /health`.
 //!
 //! For demos and tests only: tasks live in memory, capped at `max_tasks`.
@@ -87,6 +89,8 @@ fn now() -> String {
 pub struct DemoPartner {
     opts: DemoOptions,
     tasks: Mutex<HashMap<String, Task>>,
+    /// Open streams waiting for their task's terminal state.
+    watchers: Mutex<HashMap<String, tokio::sync::watch::Sender<&'static str>>>,
 }
 
 fn rpc_result(id: &Value, result: Value) -> Value {
@@ -124,6 +128,7 @@ impl DemoPartner {
         Arc::new(DemoPartner {
             opts,
             tasks: Mutex::new(HashMap::new()),
+            watchers: Mutex::new(HashMap::new()),
         })
     }
 
@@ -174,6 +179,14 @@ impl DemoPartner {
             ("continue" | "cancel" | "complete", _) => {} // ignored in this state
             _ => return rpc_error(id, -32004, "Unsupported operation"),
         }
+        if let Some(w) = self
+            .watchers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(task_id)
+        {
+            let _ = w.send(task.state);
+        }
         rpc_result(id, task.to_json())
     }
 
@@ -196,47 +209,18 @@ impl DemoPartner {
         };
         let session_id = message["sessionId"].as_str().unwrap_or("").to_owned();
         let text = text_of(message);
-        let chunks = self.opts.stream_chunks;
-        let pause = self.opts.event_interval;
         let caller = caller.to_owned();
+        let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
         let me = self.clone();
-        // Events: 1 = working, 2..=chunks+1 = product chunks, last = awaiting-completion.
-        let events = futures_util::stream::unfold(1usize, move |seq| {
-            let (id, task_id, session_id, text, caller, me) = (
-                id.clone(),
-                task_id.clone(),
-                session_id.clone(),
-                text.clone(),
-                caller.clone(),
-                me.clone(),
-            );
-            async move {
-                if seq > chunks + 2 {
-                    return None;
-                }
-                if seq > 1 {
-                    tokio::time::sleep(pause).await;
-                }
-                let data = if seq == 1 {
-                    json!({"type": "status-update", "taskId": task_id, "sessionId": session_id,
-                           "status": {"state": "working", "stateChangedAt": now()}})
-                } else if seq <= chunks + 1 {
-                    let part = seq - 1;
-                    json!({"type": "product-chunk", "taskId": task_id, "sessionId": session_id,
-                           "product": {"id": "product-1", "dataItems": [{"type": "text",
-                               "text": format!("part {part}/{chunks} for {caller}: {text}")}]},
-                           "append": part > 1, "lastChunk": part == chunks})
-                } else {
-                    me.finish_stream(&task_id, &session_id, &text, &caller);
-                    json!({"type": "status-update", "taskId": task_id, "sessionId": session_id,
-                           "status": {"state": "awaiting-completion", "stateChangedAt": now()}})
-                };
-                let event = rpc_result(&id, json!({"eventSeq": seq, "eventData": data}));
-                let frame = Bytes::from(format!("data: {event}\n\n"));
-                Some((Ok::<_, BoxError>(Frame::data(frame)), seq + 1))
-            }
+        tokio::spawn(async move {
+            let _ = me.produce(tx, id, task_id, session_id, text, caller).await;
         });
-        let mut r = Response::new(StreamBody::new(events.boxed()).boxed_unsync());
+        let frames = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv()
+                .await
+                .map(|b| (Ok::<_, BoxError>(Frame::data(b)), rx))
+        });
+        let mut r = Response::new(StreamBody::new(frames.boxed()).boxed_unsync());
         let h = r.headers_mut();
         h.insert(
             header::CONTENT_TYPE,
@@ -247,6 +231,64 @@ impl DemoPartner {
             header::HeaderValue::from_static("no-cache"),
         );
         r
+    }
+
+    /// The events of one stream: `working`, the product chunks, `awaiting-completion`;
+    /// then, once the Leader completes or cancels the task over `rpc`, that terminal state.
+    async fn produce(
+        self: Arc<Self>,
+        tx: tokio::sync::mpsc::Sender<Bytes>,
+        id: Value,
+        task_id: String,
+        session_id: String,
+        text: String,
+        caller: String,
+    ) -> Result<(), tokio::sync::mpsc::error::SendError<Bytes>> {
+        let chunks = self.opts.stream_chunks;
+        let mut state_rx = {
+            let mut w = self.watchers.lock().unwrap_or_else(|e| e.into_inner());
+            if w.len() >= self.opts.max_tasks {
+                w.retain(|_, s| s.receiver_count() > 0);
+            }
+            let (tx, rx) = tokio::sync::watch::channel("working");
+            w.insert(task_id.clone(), tx);
+            rx
+        };
+        let event = |seq: usize, data: Value| {
+            let event = rpc_result(&id, json!({"eventSeq": seq, "eventData": data}));
+            Bytes::from(format!("data: {event}\n\n"))
+        };
+        let status = |state: &str| {
+            json!({"type": "status-update", "taskId": task_id, "sessionId": session_id,
+                   "status": {"state": state, "stateChangedAt": now()}})
+        };
+        tx.send(event(1, status("working"))).await?;
+        for part in 1..=chunks {
+            tokio::time::sleep(self.opts.event_interval).await;
+            let chunk = json!({"type": "product-chunk", "taskId": task_id, "sessionId": session_id,
+                "product": {"id": "product-1", "dataItems": [{"type": "text",
+                    "text": format!("part {part}/{chunks} for {caller}: {text}")}]},
+                "append": part > 1, "lastChunk": part == chunks});
+            tx.send(event(part + 1, chunk)).await?;
+        }
+        tokio::time::sleep(self.opts.event_interval).await;
+        self.finish_stream(&task_id, &session_id, &text, &caller);
+        tx.send(event(chunks + 2, status("awaiting-completion")))
+            .await?;
+        // The stream stays open until the task reaches a terminal state.
+        let Ok(state) = state_rx
+            .wait_for(|s| matches!(*s, "completed" | "canceled"))
+            .await
+            .map(|s| *s)
+        else {
+            return Ok(());
+        };
+        tx.send(event(chunks + 3, status(state))).await?;
+        self.watchers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&task_id);
+        Ok(())
     }
 
     fn finish_stream(&self, task_id: &str, session_id: &str, text: &str, caller: &str) {

@@ -15,7 +15,7 @@ use serde::de::IgnoredAny;
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
-use super::lenient::{LooseObj, LooseStr};
+use super::lenient::{LooseObj, LooseSeq, LooseStr};
 use super::vocab::{Command, Method};
 
 /// Why an envelope was refused; the proxy maps each to its JSON-RPC code.
@@ -96,6 +96,15 @@ pub(super) struct RawMessage<'a> {
     pub(super) sender_id: LooseStr<'a>,
     #[serde(borrow, default)]
     pub(super) sender_role: LooseStr<'a>,
+    #[serde(default)]
+    pub(super) command_params: LooseObj<RawCommandParams>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct RawCommandParams {
+    #[serde(default)]
+    pub(super) last_event_seq: LooseSeq,
 }
 
 /// Only the id, for recovering it after a structural error such as a duplicate key.
@@ -140,6 +149,8 @@ pub struct MessageFacts<'a> {
     pub sender_id: Option<Cow<'a, str>>,
     /// `senderRole`, when present.
     pub sender_role: Option<Cow<'a, str>>,
+    /// `commandParams.lastEventSeq` (re-stream); `null` counts as absent.
+    pub last_event_seq: Option<u64>,
 }
 
 fn invalid(reason: &'static str, message: impl Into<String>) -> EnvelopeError {
@@ -318,11 +329,38 @@ fn validate_message<'a>(
             "re-stream needs params.message.taskId",
         ));
     }
+    const LAST_SEQ: &str = "params.message.commandParams.lastEventSeq";
+    let last_event_seq = match m.command_params {
+        LooseObj::Absent => None,
+        LooseObj::Other(kind) => {
+            return Err(bad_param(
+                "params.message.commandParams",
+                format!(
+                    "params.message.commandParams must be an object, not {}",
+                    kind.name()
+                ),
+            ))
+        }
+        LooseObj::Obj(p) => match p.last_event_seq {
+            LooseSeq::Absent | LooseSeq::Null => None,
+            LooseSeq::Num(n) => Some(n),
+            LooseSeq::Other(kind) => {
+                return Err(bad_param(
+                    LAST_SEQ,
+                    format!(
+                        "{LAST_SEQ} must be a non-negative integer, not {}",
+                        kind.name()
+                    ),
+                ))
+            }
+        },
+    };
     Ok(Envelope {
         id,
         method,
         task_id,
         message: Some(MessageFacts {
+            last_event_seq,
             command,
             session_id: opt_string(m.session_id, "params.message.sessionId")?,
             sender_id: opt_string(m.sender_id, "params.message.senderId")?,
@@ -617,6 +655,22 @@ mod tests {
         bodies.push(r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":[{"message":{}}]}"#.into());
         bodies.push(r#"{"jsonrpc":"2.0","method":"rpc","id":1}"#.into());
         bodies.push(r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":[]}"#.into());
+        for cp in [
+            r#"{"lastEventSeq":3}"#,
+            r#"{"lastEventSeq":null}"#,
+            r#"{"lastEventSeq":-1}"#,
+            r#"{"lastEventSeq":2.5}"#,
+            r#"{"lastEventSeq":"3"}"#,
+            r#"{"lastEventSeq":3,"lastEventSeq":4}"#,
+            r#"{"responseTimeout":30}"#,
+            "null",
+            "[]",
+            "7",
+        ] {
+            bodies.push(format!(
+                r#"{{"jsonrpc":"2.0","method":"stream","id":1,"params":{{"message":{{"command":"re-stream","taskId":"t","commandParams":{cp}}}}}}}"#
+            ));
+        }
         bodies.push(r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":{"message":{"task\u0049d":"t","sender\u0049d":5}}}"#.into());
         bodies.push(r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":{"x":1,"x":2,"message":{"y":[],"y":{}}}}"#.into());
         bodies.push(r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":{"message":{"taskId":"a","taskId":"b"}}}"#.into());

@@ -162,3 +162,62 @@ impl LooseStr<'_> {
         }
     }
 }
+
+/// A value that should be a non-negative integer (an `eventSeq`): absent, `null`, the
+/// number, or the kind of what was there instead.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum LooseSeq {
+    /// The key was not there.
+    #[default]
+    Absent,
+    /// `null`.
+    Null,
+    /// A non-negative integer.
+    Num(u64),
+    /// Something else (a negative or fractional number counts as `Number`).
+    Other(Kind),
+}
+
+struct SeqVisitor;
+
+impl<'de> Visitor<'de> for SeqVisitor {
+    type Value = LooseSeq;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(LooseSeq::Num(v))
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+        Ok(LooseSeq::Null)
+    }
+    fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+        Ok(LooseSeq::Null)
+    }
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(LooseSeq::Other(Kind::Bool))
+    }
+    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(LooseSeq::Other(Kind::Number))
+    }
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(LooseSeq::Other(Kind::Number))
+    }
+    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(LooseSeq::Other(Kind::String))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(LooseSeq::Other(Kind::Array))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(LooseSeq::Other(Kind::Object))
+    }
+}
+
+impl<'de> Deserialize<'de> for LooseSeq {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(SeqVisitor)
+    }
+}

@@ -35,6 +35,11 @@ impl RpcId {
     pub fn as_bytes(&self) -> &[u8] {
         &self.0
     }
+
+    /// The id's JSON text as `Bytes`.
+    pub fn into_bytes(self) -> Bytes {
+        self.0
+    }
 }
 
 /// `error.data` of a gateway-made error.
@@ -52,6 +57,12 @@ pub struct ErrorData {
     /// The Partner the request was for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub partner: Option<String>,
+    /// The last `eventSeq` delivered on a stream that ended abnormally (`null`: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_event_seq: Option<Option<u64>>,
+    /// The lowest `eventSeq` still available, when events were evicted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_available_seq: Option<u64>,
 }
 
 #[derive(Serialize)]

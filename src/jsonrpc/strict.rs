@@ -20,8 +20,8 @@ use serde::de::{Error as _, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
-use super::envelope::{RawEnvelope, RawMessage, RawParams};
-use super::lenient::{LooseObj, LooseStr};
+use super::envelope::{RawCommandParams, RawEnvelope, RawMessage, RawParams};
+use super::lenient::{LooseObj, LooseSeq, LooseStr};
 
 #[derive(Deserialize)]
 pub(crate) struct FastEnvelope<'a> {
@@ -38,13 +38,45 @@ pub(crate) struct FastEnvelope<'a> {
 const MESSAGE_FIELDS: [&str; 5] = ["command", "taskId", "sessionId", "senderId", "senderRole"];
 const PARAMS_FIELDS: [&str; 5] = ["taskId", "url", "token", "id", "notificationConfigId"];
 
-/// `params.message`: the string fields in [`MESSAGE_FIELDS`] order.
-struct FastMessage<'a>([Option<&'a str>; 5]);
+/// `params.message`: the string fields in [`MESSAGE_FIELDS`] order, and
+/// `commandParams` (present) with its `lastEventSeq` (`null` = absent).
+struct FastMessage<'a>([Option<&'a str>; 5], Option<Option<u64>>);
 
 /// `params`: `message`, and the string fields in [`PARAMS_FIELDS`] order.
 struct FastParams<'a> {
     message: Option<FastMessage<'a>>,
     fields: [Option<&'a str>; 5],
+    command_params: Option<Option<u64>>,
+}
+
+/// `commandParams`: only `lastEventSeq` is read.
+struct FastCommandParams(Option<u64>);
+
+impl<'de> Deserialize<'de> for FastCommandParams {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = FastCommandParams;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut seq: Option<Option<u64>> = None;
+                while let Some(key) = map.next_key::<&'de str>()? {
+                    if key == "lastEventSeq" {
+                        if seq.is_some() {
+                            return Err(A::Error::custom("duplicate field `lastEventSeq`"));
+                        }
+                        seq = Some(map.next_value::<Option<u64>>()?);
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(FastCommandParams(seq.flatten()))
+            }
+        }
+        d.deserialize_map(V)
+    }
 }
 
 /// Reads an object whose interesting keys are strings (and, for `params`, `message`);
@@ -67,6 +99,7 @@ impl<'de, const WITH_MESSAGE: bool> Visitor<'de> for FieldsVisitor<WITH_MESSAGE>
         let mut out = FastParams {
             message: None,
             fields: [None; 5],
+            command_params: None,
         };
         while let Some(key) = map.next_key::<&'de str>()? {
             if WITH_MESSAGE && key == "message" {
@@ -74,6 +107,13 @@ impl<'de, const WITH_MESSAGE: bool> Visitor<'de> for FieldsVisitor<WITH_MESSAGE>
                     return Err(A::Error::custom("duplicate field `message`"));
                 }
                 out.message = Some(map.next_value::<FastMessage<'de>>()?);
+                continue;
+            }
+            if !WITH_MESSAGE && key == "commandParams" {
+                if out.command_params.is_some() {
+                    return Err(A::Error::custom("duplicate field `commandParams`"));
+                }
+                out.command_params = Some(map.next_value::<FastCommandParams>()?.0);
                 continue;
             }
             match names.iter().position(|n| *n == key) {
@@ -99,7 +139,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for FastParams<'a> {
 impl<'de: 'a, 'a> Deserialize<'de> for FastMessage<'a> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         d.deserialize_map(FieldsVisitor::<false>)
-            .map(|p| FastMessage(p.fields))
+            .map(|p| FastMessage(p.fields, p.command_params))
     }
 }
 
@@ -117,7 +157,7 @@ impl<'a> From<FastEnvelope<'a>> for RawEnvelope<'a> {
             params: LooseObj::Obj(RawParams {
                 message: match f.params.message {
                     None => LooseObj::Absent,
-                    Some(FastMessage(m)) => {
+                    Some(FastMessage(m, cp)) => {
                         let [command, task_id, session_id, sender_id, sender_role] = m.map(s);
                         LooseObj::Obj(RawMessage {
                             command,
@@ -125,6 +165,12 @@ impl<'a> From<FastEnvelope<'a>> for RawEnvelope<'a> {
                             session_id,
                             sender_id,
                             sender_role,
+                            command_params: match cp {
+                                None => LooseObj::Absent,
+                                Some(seq) => LooseObj::Obj(RawCommandParams {
+                                    last_event_seq: seq.map_or(LooseSeq::Absent, LooseSeq::Num),
+                                }),
+                            },
                         })
                     }
                 },

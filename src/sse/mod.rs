@@ -3,5 +3,6 @@
 
 pub mod event;
 pub mod memory;
+pub mod relay;
 pub mod replay;
 pub mod splitter;

@@ -87,21 +87,48 @@ async fn demo_config_and_dev_certificates_work_end_to_end() {
         .unwrap();
     assert_eq!(r.json()["result"]["status"]["state"], "completed");
 
-    // The v2.1-profile Leader streams over HTTP/2: five events, eventSeq 1..=5.
+    // The v2.1-profile Leader streams over HTTP/2: working, three chunks,
+    // awaiting-completion; the stream stays open until the task is completed over rpc.
     let v2 = dev_leader("leader-v2", true);
     let body = rpc_start("\"s\"", LEADER_B, "task-2")
         .replace("\"method\":\"rpc\"", "\"method\":\"stream\"");
-    let r = v2.post(addr, "/partners/demo/stream", &body).await.unwrap();
-    assert_eq!(r.headers["content-type"], "text/event-stream");
-    let seqs: Vec<u64> = r
-        .text()
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .map(|d| {
-            serde_json::from_str::<serde_json::Value>(d).unwrap()["result"]["eventSeq"]
-                .as_u64()
-                .unwrap()
-        })
-        .collect();
-    assert_eq!(seqs, vec![1, 2, 3, 4, 5]);
+    let mut stream = v2
+        .open_stream(addr, "/partners/demo/stream", &body, &[])
+        .await;
+    assert_eq!(stream.headers["content-type"], "text/event-stream");
+    for n in 1..=5 {
+        let ev = within(10, stream.next_event()).await.unwrap();
+        assert_eq!(ev.seq(), Some(n));
+        assert_eq!(ev.sse_id.as_deref(), Some(n.to_string().as_str()));
+    }
+    // The demo Partner has no re-stream: the gateway answers from its buffer.
+    let restream = body
+        .replace("\"start\"", "\"re-stream\"")
+        .replace("\"id\":\"s\"", "\"id\":\"again\"")
+        .replace(
+            "\"sessionId\":\"s1\"",
+            "\"sessionId\":\"s1\",\"commandParams\":{\"lastEventSeq\":3}",
+        );
+    let mut again = v2
+        .open_stream(addr, "/partners/demo/stream", &restream, &[])
+        .await;
+    for n in 4..=5 {
+        let ev = within(10, again.next_event()).await.unwrap();
+        assert_eq!((ev.seq(), ev.json["id"].as_str()), (Some(n), Some("again")));
+    }
+    let complete = rpc_start("\"c\"", LEADER_B, "task-2").replace("\"start\"", "\"complete\"");
+    let r = v2
+        .post(addr, "/partners/demo/rpc", &complete)
+        .await
+        .unwrap();
+    assert_eq!(r.json()["result"]["status"]["state"], "completed");
+    for s in [&mut stream, &mut again] {
+        let ev = within(10, s.next_event()).await.unwrap();
+        assert_eq!(ev.seq(), Some(6));
+        assert_eq!(
+            ev.json["result"]["eventData"]["status"]["state"],
+            "completed"
+        );
+        assert!(within(10, s.next_event()).await.is_none());
+    }
 }

@@ -440,3 +440,289 @@ pub async fn within<T>(secs: u64, fut: impl std::future::Future<Output = T>) -> 
         .await
         .expect("timed out")
 }
+
+/// An SSE response being read event by event.
+pub struct StreamReply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    body: Incoming,
+    splitter: aipgw::sse::splitter::Splitter,
+    ready: std::collections::VecDeque<Bytes>,
+    conn: tokio::task::JoinHandle<()>,
+}
+
+/// One event as the Leader saw it.
+#[derive(Debug)]
+pub struct Event {
+    /// The `id:` field.
+    pub sse_id: Option<String>,
+    /// The data, parsed.
+    pub json: serde_json::Value,
+    /// The event's bytes as received.
+    pub raw: Bytes,
+}
+
+impl Event {
+    pub fn seq(&self) -> Option<u64> {
+        self.json["result"]["eventSeq"].as_u64()
+    }
+}
+
+impl StreamReply {
+    /// The next event (keep-alive comments skipped); `None` at the end of the stream.
+    pub async fn next_event(&mut self) -> Option<Event> {
+        loop {
+            if let Some(raw) = self.ready.pop_front() {
+                let f = aipgw::sse::splitter::fields(&raw);
+                let Some(data) = f.data else { continue };
+                return Some(Event {
+                    sse_id: f.id.map(|i| String::from_utf8_lossy(i).into_owned()),
+                    json: serde_json::from_slice(&data).unwrap_or_else(|e| {
+                        panic!(
+                            "event data is not JSON ({e}): {}",
+                            String::from_utf8_lossy(&data)
+                        )
+                    }),
+                    raw: raw.clone(),
+                });
+            }
+            match self.body.frame().await {
+                None | Some(Err(_)) => {
+                    let mut out = Vec::new();
+                    self.splitter.finish(&mut out);
+                    if out.is_empty() {
+                        return None;
+                    }
+                    self.ready.extend(out.into_iter().map(|e| e.bytes));
+                }
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        let mut out = Vec::new();
+                        self.splitter.push(data, &mut out).unwrap();
+                        self.ready.extend(out.into_iter().map(|e| e.bytes));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Drops the connection, as a Leader whose network failed.
+    pub fn disconnect(self) {
+        self.conn.abort();
+    }
+}
+
+impl Leader {
+    /// POSTs and returns the response head, with the body to read event by event.
+    pub async fn open_stream(
+        &self,
+        addr: SocketAddr,
+        path: &str,
+        body: &str,
+        headers: &[(&str, &str)],
+    ) -> StreamReply {
+        let stream = self.connect(addr).await.unwrap();
+        let io = TokioIo::new(stream);
+        let uri = if self.h2 {
+            format!("https://localhost{path}")
+        } else {
+            path.to_owned()
+        };
+        let mut req = Request::post(uri).header("content-type", "application/json");
+        if !self.h2 {
+            req = req.header("host", "localhost");
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(Full::new(Bytes::from(body.to_owned()))).unwrap();
+        let (resp, conn) = if self.h2 {
+            let (mut send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+                .await
+                .unwrap();
+            let conn = tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            (send.send_request(req).await.unwrap(), conn)
+        } else {
+            let (mut send, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+            let conn = tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            (send.send_request(req).await.unwrap(), conn)
+        };
+        let (parts, body) = resp.into_parts();
+        StreamReply {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+            splitter: aipgw::sse::splitter::Splitter::new(1 << 24),
+            ready: Default::default(),
+            conn,
+        }
+    }
+}
+
+/// What an [`SsePartner`] answers to a `re-stream` that reaches it.
+#[derive(Clone)]
+pub enum Restream {
+    /// A JSON-RPC error (it does not support re-stream).
+    Error,
+    /// These SSE events, then the end.
+    Events(Vec<String>),
+}
+
+type Feeds = Arc<
+    Mutex<
+        std::collections::HashMap<String, tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>>,
+    >,
+>;
+
+/// A Partner whose `stream` answers are fed by the test, event by event.
+pub struct SsePartner {
+    pub addr: SocketAddr,
+    pub seen: Arc<Mutex<Vec<serde_json::Value>>>,
+    feeds: Feeds,
+    registered: Arc<Notify>,
+}
+
+impl SsePartner {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Commands of every `stream` request the Partner received.
+    pub fn commands(&self) -> Vec<String> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|v| {
+                v["params"]["message"]["command"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_owned()
+            })
+            .collect()
+    }
+
+    /// The feed of the stream opened for `task` (waits until it is opened). Dropping it
+    /// ends the Partner's stream.
+    pub async fn feed(
+        &self,
+        task: &str,
+    ) -> tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>> {
+        loop {
+            let notified = self.registered.notified();
+            if let Some(tx) = self.feeds.lock().unwrap().remove(task) {
+                return tx;
+            }
+            within(10, notified).await;
+        }
+    }
+
+    pub async fn start(restream: Restream) -> SsePartner {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
+        let feeds: Feeds = Arc::default();
+        let registered = Arc::new(Notify::new());
+        let (seen2, feeds2, reg2) = (seen.clone(), feeds.clone(), registered.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    return;
+                };
+                let (seen, feeds, reg, restream) = (
+                    seen2.clone(),
+                    feeds2.clone(),
+                    reg2.clone(),
+                    restream.clone(),
+                );
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req: Request<Incoming>| {
+                        let (seen, feeds, reg, restream) =
+                            (seen.clone(), feeds.clone(), reg.clone(), restream.clone());
+                        async move {
+                            let body = req.into_body().collect().await.unwrap().to_bytes();
+                            let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                            seen.lock().unwrap().push(v.clone());
+                            let msg = &v["params"]["message"];
+                            let task = msg["taskId"].as_str().unwrap_or("").to_owned();
+                            let sse = |body: http_body_util::combinators::BoxBody<
+                                Bytes,
+                                std::io::Error,
+                            >| {
+                                let mut r = Response::new(body);
+                                r.headers_mut()
+                                    .insert("content-type", "text/event-stream".parse().unwrap());
+                                r
+                            };
+                            let resp = match (msg["command"].as_str(), &restream) {
+                                (Some("re-stream"), Restream::Error) => {
+                                    let e = format!(
+                                        r#"{{"jsonrpc":"2.0","id":{},"error":{{"code":-32004,"message":"Unsupported operation"}}}}"#,
+                                        v["id"]
+                                    );
+                                    let mut r = Response::new(
+                                        Full::new(Bytes::from(e)).map_err(|n| match n {}).boxed(),
+                                    );
+                                    r.headers_mut().insert(
+                                        "content-type",
+                                        "application/json".parse().unwrap(),
+                                    );
+                                    r
+                                }
+                                (Some("re-stream"), Restream::Events(evs)) => {
+                                    let all = evs.concat();
+                                    sse(Full::new(Bytes::from(all)).map_err(|n| match n {}).boxed())
+                                }
+                                _ => {
+                                    let (tx, rx) = tokio::sync::mpsc::channel(64);
+                                    feeds.lock().unwrap().insert(task, tx);
+                                    reg.notify_waiters();
+                                    let frames =
+                                        futures_util::stream::unfold(rx, |mut rx| async move {
+                                            rx.recv().await.map(
+                                                |r: Result<Bytes, std::io::Error>| {
+                                                    (r.map(hyper::body::Frame::data), rx)
+                                                },
+                                            )
+                                        });
+                                    sse(http_body_util::StreamBody::new(frames).boxed())
+                                }
+                            };
+                            Ok::<_, Infallible>(resp)
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tcp), svc)
+                        .await;
+                });
+            }
+        });
+        SsePartner {
+            addr,
+            seen,
+            feeds,
+            registered,
+        }
+    }
+}
+
+/// A compact AIP stream event.
+pub fn sse_event(id: &str, seq: u64, state: &str) -> Bytes {
+    Bytes::from(format!(
+        "data: {{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{\"eventSeq\":{seq},\"eventData\":{{\"type\":\"status-update\",\"taskId\":\"t\",\"status\":{{\"state\":\"{state}\"}}}}}}}}\n\n"
+    ))
+}
+
+/// A `stream` request body.
+pub fn stream_body(id: &str, sender: &str, task: &str, command: &str, last: Option<u64>) -> String {
+    let cp = last.map_or(String::new(), |l| {
+        format!(r#","commandParams":{{"lastEventSeq":{l}}}"#)
+    });
+    format!(
+        r#"{{"jsonrpc":"2.0","method":"stream","id":{id},"params":{{"message":{{"type":"message","id":"m","senderRole":"leader","senderId":"{sender}","command":"{command}","taskId":"{task}","sessionId":"s1"{cp}}}}}}}"#
+    )
+}

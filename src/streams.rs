@@ -1,0 +1,132 @@
+//! The `stream` method: starting a buffered relay, and serving `re-stream` from the
+//! buffer on behalf of the Partner.
+//!
+//! - `start`: forwarded; a `200 text/event-stream` answer with a `taskId` gets a record
+//!   in the replay buffer, a recorder task, and this Leader as its first follower.
+//! - `re-stream`: if the buffer has the stream and still holds every event after
+//!   `lastEventSeq` (or the `Last-Event-ID` header), the gateway answers it: only the AIC
+//!   that started the stream may (and with the same `sessionId`, when both are given);
+//!   the Partner never sees the request. Otherwise (no record, or events evicted) it is
+//!   forwarded, and an SSE answer is recorded like a `start`.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+
+use crate::error::GatewayError;
+use crate::gateway::Snapshot;
+use crate::identity::PeerIdentity;
+use crate::jsonrpc::{Command, RpcId};
+use crate::proxy::{relay_response, ResponseBody};
+use crate::routing::Partner;
+use crate::sse::relay::{follow, record_upstream};
+use crate::sse::replay::{StreamKey, StreamMeta};
+
+/// What a `stream` request says, copied out of the borrowed envelope.
+pub struct StreamRequest {
+    /// `start` or `re-stream`.
+    pub command: Command,
+    /// `params.message.taskId`.
+    pub task_id: Option<String>,
+    /// `params.message.sessionId`.
+    pub session_id: Option<String>,
+    /// `commandParams.lastEventSeq`, else the `Last-Event-ID` header.
+    pub last_event_seq: Option<u64>,
+}
+
+/// The `Last-Event-ID` request header as an `eventSeq`.
+pub fn last_event_id(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Handles a validated `stream` request.
+pub async fn handle(
+    snap: &Snapshot,
+    partner: &Arc<Partner>,
+    identity: &PeerIdentity,
+    req: StreamRequest,
+    id: RpcId,
+    upstream: Request<Full<Bytes>>,
+) -> Result<Response<ResponseBody>, GatewayError> {
+    let settings = snap.config.stream;
+    let key = req.task_id.as_ref().map(|t| StreamKey {
+        partner: partner.config.name.as_str().into(),
+        task_id: t.as_str().into(),
+    });
+    if let (Command::ReStream, Some(key)) = (req.command, &key) {
+        if let Some(record) = snap.replay.find(key) {
+            let meta = record.meta();
+            if meta.owner != identity.aic {
+                return Err(GatewayError::Forbidden {
+                    reason: "not_stream_owner",
+                    detail: format!(
+                        "only the AIC that started task {:?}'s stream may re-stream it",
+                        key.task_id
+                    ),
+                });
+            }
+            if let (Some(asked), Some(owned)) = (&req.session_id, &meta.session_id) {
+                if asked != owned {
+                    return Err(GatewayError::Forbidden {
+                        reason: "session_mismatch",
+                        detail: "sessionId does not match the stream's".to_owned(),
+                    });
+                }
+            }
+            if let Ok(cursor) = record.cursor_after(req.last_event_seq) {
+                tracing::debug!(task = %key.task_id, after = ?req.last_event_seq, "re-stream served from the buffer");
+                return Ok(sse_response(follow(
+                    record,
+                    cursor,
+                    id,
+                    settings.keepalive_interval,
+                )));
+            }
+            tracing::debug!(task = %key.task_id, "re-stream needs evicted events: forwarding");
+        }
+    }
+    let resp = partner.pool.send(upstream).await?;
+    let is_sse = resp.status() == StatusCode::OK
+        && resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+    let Some(key) = key.filter(|_| is_sse) else {
+        return Ok(relay_response(resp));
+    };
+    let record = snap.replay.open(
+        key,
+        StreamMeta {
+            owner: identity.aic,
+            session_id: req.session_id,
+        },
+    );
+    // Follow before the recorder starts, so it never sees zero followers at first.
+    let body = follow(
+        record.clone(),
+        record.first_cursor(),
+        id,
+        settings.keepalive_interval,
+    );
+    tokio::spawn(record_upstream(resp.into_body(), record, settings));
+    Ok(sse_response(body))
+}
+
+fn sse_response(body: ResponseBody) -> Response<ResponseBody> {
+    let mut r = Response::new(body);
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    r
+}
