@@ -36,6 +36,15 @@ pub struct ReplayLimits {
     pub retention: Duration,
 }
 
+/// Grows a full log by a third rather than letting `VecDeque` double it, so the unused
+/// slots stay under a third of the used ones: 48-byte entries then cost at most 64 bytes
+/// each (beside the event bytes) in logs of a dozen events or more.
+fn reserve_for_push(entries: &mut VecDeque<Entry>) {
+    if entries.len() == entries.capacity() {
+        entries.reserve_exact((entries.len() / 3).max(4));
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -301,42 +310,48 @@ impl StreamRecord for MemRecord {
     }
 
     fn append(&self, entry: Entry) {
-        let Some(sh) = self.totals() else { return };
+        let sh = self.totals();
+        let limits = sh.as_ref().map(|s| s.limits);
         let len = entry.bytes.len();
         let mut st = lock(&self.state);
         if entry.seq != NO_SEQ {
             st.last_seq = Some(entry.seq);
         }
+        reserve_for_push(&mut st.entries);
         st.entries.push_back(entry);
         st.bytes += len;
-        sh.totals.bytes.fetch_add(len, Ordering::AcqRel);
-        sh.totals.events.fetch_add(1, Ordering::AcqRel);
-        let over_stream = |st: &LogState| {
-            st.entries.len() > sh.limits.max_events_per_stream
-                || st.bytes > sh.limits.max_bytes_per_stream
-        };
-        let mut trimmed = 0;
-        while over_stream(&st) && st.entries.len() > 1 {
-            let Some(e) = st.entries.pop_front() else {
-                break;
-            };
-            st.base_pos += 1;
-            st.bytes -= e.bytes.len();
-            if e.seq != NO_SEQ {
-                st.evicted_through = Some(st.evicted_through.map_or(e.seq, |x| x.max(e.seq)));
+        let (mut trimmed, mut trimmed_bytes) = (0, 0);
+        if let Some(l) = limits {
+            while (st.entries.len() > l.max_events_per_stream || st.bytes > l.max_bytes_per_stream)
+                && st.entries.len() > 1
+            {
+                let Some(e) = st.entries.pop_front() else {
+                    break;
+                };
+                st.base_pos += 1;
+                st.bytes -= e.bytes.len();
+                if e.seq != NO_SEQ {
+                    st.evicted_through = Some(st.evicted_through.map_or(e.seq, |x| x.max(e.seq)));
+                }
+                trimmed += 1;
+                trimmed_bytes += e.bytes.len();
             }
-            sh.totals.bytes.fetch_sub(e.bytes.len(), Ordering::AcqRel);
-            sh.totals.events.fetch_sub(1, Ordering::AcqRel);
-            trimmed += 1;
         }
         drop(st);
-        if trimmed > 0 {
-            sh.totals
-                .evicted_events
-                .fetch_add(trimmed, Ordering::Relaxed);
-        }
-        if sh.totals.bytes.load(Ordering::Acquire) > sh.limits.max_total_bytes {
-            sh.make_room(&mut lock(&sh.index), 0);
+        // A record outlives its store only in tests and at shutdown; it still logs then.
+        if let Some(sh) = sh {
+            let t = &sh.totals;
+            t.bytes.fetch_add(len, Ordering::AcqRel);
+            t.bytes.fetch_sub(trimmed_bytes, Ordering::AcqRel);
+            t.events.fetch_add(1, Ordering::AcqRel);
+            t.events.fetch_sub(trimmed, Ordering::AcqRel);
+            if trimmed > 0 {
+                t.evicted_events
+                    .fetch_add(trimmed as u64, Ordering::Relaxed);
+            }
+            if t.bytes.load(Ordering::Acquire) > sh.limits.max_total_bytes {
+                sh.make_room(&mut lock(&sh.index), 0);
+            }
         }
         self.changes.send_modify(|v| *v += 1);
     }

@@ -236,3 +236,176 @@ impl Follower {
         Bytes::from(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::Aic;
+    use crate::sse::memory::{MemoryStore, ReplayLimits};
+    use crate::sse::replay::{ReplayStore, StreamKey, StreamMeta};
+    use std::convert::Infallible;
+
+    fn settings() -> StreamSettings {
+        StreamSettings {
+            keepalive_interval: Duration::from_secs(15),
+            idle_timeout: Duration::from_secs(300),
+            detach_timeout: Duration::from_secs(60),
+            max_event_bytes: 1024,
+        }
+    }
+
+    fn record() -> Arc<dyn StreamRecord> {
+        // The store is leaked so it outlives the record, as the gateway's does.
+        let store: &'static MemoryStore = Box::leak(Box::new(MemoryStore::new(ReplayLimits {
+            max_events_per_stream: 100,
+            max_bytes_per_stream: 1 << 20,
+            max_total_bytes: 1 << 20,
+            max_streams: 10,
+            retention: Duration::from_secs(60),
+        })));
+        store.open(
+            StreamKey {
+                partner: "p".into(),
+                task_id: "t".into(),
+            },
+            StreamMeta {
+                owner: Aic::parse("10001000011K912345E789ABCDEF2353").unwrap(),
+                session_id: None,
+            },
+        )
+    }
+
+    /// A Partner body that yields `chunks`, then stays open forever.
+    fn open_body(
+        chunks: Vec<&'static [u8]>,
+    ) -> impl Body<Data = Bytes, Error = Infallible> + Unpin {
+        let head = futures_util::stream::iter(
+            chunks
+                .into_iter()
+                .map(|c| Ok::<_, Infallible>(Frame::data(Bytes::from_static(c)))),
+        );
+        let tail = futures_util::stream::pending();
+        StreamBody::new(futures_util::StreamExt::chain(head, tail))
+    }
+
+    async fn next_text(body: &mut ResponseBody) -> String {
+        let mut out = String::new();
+        loop {
+            let f = body.frame().await.expect("frame").unwrap();
+            out.push_str(&String::from_utf8_lossy(&f.into_data().unwrap()));
+            if out.ends_with("\n\n") {
+                return out;
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_follower_gets_keepalive_comments() {
+        let rec = record();
+        let mut body = follow(
+            rec.clone(),
+            rec.first_cursor(),
+            RpcId::null(),
+            Duration::from_secs(15),
+        );
+        let t0 = Instant::now();
+        assert_eq!(next_text(&mut body).await, ": keep-alive\n\n");
+        assert!(t0.elapsed() >= Duration::from_secs(15));
+        rec.append(Entry {
+            seq: 1,
+            bytes: Bytes::from_static(b"data: {}\n\n"),
+            id_start: 0,
+            id_len: 0,
+        });
+        assert_eq!(next_text(&mut body).await, "id: 1\ndata: {}\n\n");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn silent_partner_fails_after_the_idle_timeout() {
+        let rec = record();
+        let _guard = rec.clone().follow();
+        let s = StreamSettings {
+            idle_timeout: Duration::from_secs(30),
+            ..settings()
+        };
+        let task = tokio::spawn(record_upstream(open_body(vec![]), rec.clone(), s));
+        let t0 = Instant::now();
+        task.await.unwrap();
+        assert!(t0.elapsed() >= Duration::from_secs(30));
+        let mut c = rec.first_cursor();
+        let end = rec.read(&mut c, &mut Vec::new()).unwrap();
+        assert_eq!(
+            end,
+            Some(StreamEnd::Failed {
+                reason: "upstream_idle_timeout"
+            })
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn upstream_is_kept_while_detached_then_cancelled() {
+        let rec = record();
+        let guard = rec.clone().follow();
+        let task = tokio::spawn(record_upstream(
+            open_body(vec![b"data: {\"result\":{\"eventSeq\":1}}\n\n"]),
+            rec.clone(),
+            settings(),
+        ));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let t_detach = Instant::now();
+        drop(guard); // the Leader went away
+        tokio::time::sleep(Duration::from_secs(59)).await;
+        assert!(!task.is_finished(), "cancelled before detach_timeout");
+        task.await.unwrap();
+        assert!(t_detach.elapsed() >= Duration::from_secs(60));
+        let (mut c, mut out) = (rec.first_cursor(), Vec::new());
+        let end = rec.read(&mut c, &mut out).unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(
+            end,
+            Some(StreamEnd::Failed {
+                reason: "detach_timeout"
+            })
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_returning_follower_stops_the_detach_clock() {
+        let rec = record();
+        let guard = rec.clone().follow();
+        let task = tokio::spawn(record_upstream(open_body(vec![]), rec.clone(), settings()));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        drop(guard);
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let _back = rec.clone().follow();
+        tokio::time::sleep(Duration::from_secs(200)).await;
+        assert!(!task.is_finished());
+    }
+
+    #[tokio::test]
+    async fn oversized_event_ends_the_stream_with_an_error_event() {
+        let rec = record();
+        let mut body = follow(
+            rec.clone(),
+            rec.first_cursor(),
+            RpcId::null(),
+            Duration::from_secs(15),
+        );
+        let big: &'static [u8] = Box::leak(vec![b'x'; 2000].into_boxed_slice());
+        record_upstream(
+            open_body(vec![
+                b"data: {\"result\":{\"eventSeq\":1}}\n\n",
+                b"data: ",
+                big,
+            ]),
+            rec.clone(),
+            settings(),
+        )
+        .await;
+        assert!(next_text(&mut body).await.starts_with("id: 1\n"));
+        let err = next_text(&mut body).await;
+        assert!(err.contains("\"reason\":\"event_too_large\""), "{err}");
+        assert!(err.contains("\"lastEventSeq\":1"), "{err}");
+        assert!(body.frame().await.is_none());
+    }
+}

@@ -199,3 +199,32 @@ async fn identity_is_decided_once_per_connection() {
     }
     assert_eq!(partner.seen().len(), 5);
 }
+
+#[tokio::test]
+async fn an_expired_crl_rejects_unless_allowed() {
+    let pki = Pki::new();
+    let partner = TestPartner::start(Behaviour::Echo).await;
+    let now = OffsetDateTime::now_utc();
+    let crl = pki
+        .ca
+        .crl(&[], now - Duration::days(2), now - Duration::days(1))
+        .unwrap();
+    let path = pki.write("expired-crl.pem", &crl);
+    let good = pki.issue(&CertSpec::leader_v2(LEADER_A));
+    let body = rpc_start("1", LEADER_A, "t");
+    for (extra, expect) in [("", 401), ("allow_expired_crl = true", 200)] {
+        let gw = start_gateway(&pki.config(
+            &format!("crl = [\"{}\"]\n{extra}", path.display()),
+            &partner_block("p", "/p", &partner.url(), ""),
+        ))
+        .await;
+        let r = Leader::new(&pki, Some(&good), false)
+            .post(gw.addr, "/p/rpc", &body)
+            .await
+            .unwrap();
+        assert_eq!(r.status.as_u16(), expect, "{extra:?}: {}", r.text());
+        if expect == 401 {
+            assert_eq!(r.error(), (-32010, "crl_expired".into()));
+        }
+    }
+}
