@@ -65,6 +65,21 @@ impl Setup {
     }
 }
 
+/// The Partner sends working event `n`; the Leader receives it.
+async fn pass(
+    feed: &tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
+    leader: &mut StreamReply,
+    n: u64,
+) {
+    feed.send(Ok(sse_event("\"s1\"", n, "working")))
+        .await
+        .unwrap();
+    assert_eq!(
+        within(10, leader.next_event()).await.unwrap().seq(),
+        Some(n)
+    );
+}
+
 async fn seqs_until_end(r: &mut StreamReply) -> Vec<u64> {
     let mut out = Vec::new();
     while let Some(ev) = within(10, r.next_event()).await {
@@ -108,19 +123,10 @@ async fn detached_stream_is_replayed_from_the_buffer() {
     let mut leader = s.start("t", false).await;
     let feed = s.partner.feed("t").await;
     for n in 1..=3 {
-        feed.send(Ok(sse_event("\"s1\"", n, "working")))
-            .await
-            .unwrap();
-        assert_eq!(
-            within(10, leader.next_event()).await.unwrap().seq(),
-            Some(n)
-        );
+        pass(&feed, &mut leader, n).await;
     }
     leader.disconnect();
-    for n in 4..=10 {
-        let state = if n == 10 { "completed" } else { "working" };
-        feed.send(Ok(sse_event("\"s1\"", n, state))).await.unwrap();
-    }
+    feed_events(&feed, 4..=10, Some((10, "completed"))).await;
     drop(feed);
     let mut again = s.restream("t", "\"second-id\"", Some(3), &[]).await;
     assert_eq!(again.status, 200);
@@ -145,20 +151,14 @@ async fn restream_of_a_live_stream_then_live_events() {
     let mut first = s.start("t", true).await;
     let feed = s.partner.feed("t").await;
     for n in 1..=2 {
-        feed.send(Ok(sse_event("\"s1\"", n, "working")))
-            .await
-            .unwrap();
-        assert_eq!(within(10, first.next_event()).await.unwrap().seq(), Some(n));
+        pass(&feed, &mut first, n).await;
     }
     let mut second = s.restream("t", "7", None, &[]).await;
     for n in 1..=2 {
         let ev = within(10, second.next_event()).await.unwrap();
         assert_eq!((ev.seq(), ev.json["id"].as_u64()), (Some(n), Some(7)));
     }
-    for n in 3..=6 {
-        let state = if n == 6 { "canceled" } else { "working" };
-        feed.send(Ok(sse_event("\"s1\"", n, state))).await.unwrap();
-    }
+    feed_events(&feed, 3..=6, Some((6, "canceled"))).await;
     drop(feed);
     assert_eq!(seqs_until_end(&mut first).await, vec![3, 4, 5, 6]);
     assert_eq!(seqs_until_end(&mut second).await, vec![3, 4, 5, 6]);
@@ -171,10 +171,7 @@ async fn restream_ownership_and_last_event_id() {
     let s = setup(Restream::Error, "").await;
     let mut leader = s.start("t", false).await;
     let feed = s.partner.feed("t").await;
-    for n in 1..=4 {
-        let state = if n == 4 { "completed" } else { "working" };
-        feed.send(Ok(sse_event("\"s1\"", n, state))).await.unwrap();
-    }
+    feed_events(&feed, 1..=4, Some((4, "completed"))).await;
     drop(feed);
     assert_eq!(seqs_until_end(&mut leader).await, vec![1, 2, 3, 4]);
 
@@ -229,10 +226,7 @@ async fn unknown_or_evicted_streams_are_forwarded() {
     // Only the last two events are kept: resuming after 1 needs 2, which was evicted.
     let mut leader = s.start("t", false).await;
     let feed = s.partner.feed("t").await;
-    for n in 1..=4 {
-        let state = if n == 4 { "completed" } else { "working" };
-        feed.send(Ok(sse_event("\"s1\"", n, state))).await.unwrap();
-    }
+    feed_events(&feed, 1..=4, Some((4, "completed"))).await;
     drop(feed);
     assert_eq!(seqs_until_end(&mut leader).await, vec![1, 2, 3, 4]);
     let mut kept = s.restream("t", "\"k\"", Some(2), &[]).await;
@@ -276,13 +270,7 @@ async fn partner_failure_mid_stream() {
         let mut leader = s.start("t", false).await;
         let feed = s.partner.feed("t").await;
         for n in 1..=2 {
-            feed.send(Ok(sse_event("\"s1\"", n, "working")))
-                .await
-                .unwrap();
-            assert_eq!(
-                within(10, leader.next_event()).await.unwrap().seq(),
-                Some(n)
-            );
+            pass(&feed, &mut leader, n).await;
         }
         if reset {
             feed.send(Err(std::io::Error::other("crash")))

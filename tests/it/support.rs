@@ -352,6 +352,28 @@ impl Leader {
         body: Bytes,
         headers: &[(&str, &str)],
     ) -> Result<Reply, String> {
+        let (resp, _conn) = self.send(addr, path, body, headers).await?;
+        let (parts, body) = resp.into_parts();
+        let body = body
+            .collect()
+            .await
+            .map_err(|e| format!("body: {e}"))?
+            .to_bytes();
+        Ok(Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        })
+    }
+
+    /// POSTs on a new connection; returns the response head and the connection's task.
+    async fn send(
+        &self,
+        addr: SocketAddr,
+        path: &str,
+        body: Bytes,
+        headers: &[(&str, &str)],
+    ) -> Result<(Response<Incoming>, tokio::task::JoinHandle<()>), String> {
         let stream = self
             .connect(addr)
             .await
@@ -371,34 +393,31 @@ impl Leader {
             req = req.header(*k, *v);
         }
         let req = req.body(Full::new(body)).unwrap();
-        let resp = if self.h2 {
+        if self.h2 {
             let (mut send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
                 .await
                 .map_err(|e| format!("h2 handshake: {e}"))?;
-            tokio::spawn(conn);
-            send.send_request(req)
+            let conn = tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            let resp = send
+                .send_request(req)
                 .await
-                .map_err(|e| format!("send: {e}"))?
+                .map_err(|e| format!("send: {e}"))?;
+            Ok((resp, conn))
         } else {
             let (mut send, conn) = hyper::client::conn::http1::handshake(io)
                 .await
                 .map_err(|e| format!("h1 handshake: {e}"))?;
-            tokio::spawn(conn);
-            send.send_request(req)
+            let conn = tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            let resp = send
+                .send_request(req)
                 .await
-                .map_err(|e| format!("send: {e}"))?
-        };
-        let (parts, body) = resp.into_parts();
-        let body = body
-            .collect()
-            .await
-            .map_err(|e| format!("body: {e}"))?
-            .to_bytes();
-        Ok(Reply {
-            status: parts.status,
-            headers: parts.headers,
-            body,
-        })
+                .map_err(|e| format!("send: {e}"))?;
+            Ok((resp, conn))
+        }
     }
 }
 
@@ -521,36 +540,10 @@ impl Leader {
         body: &str,
         headers: &[(&str, &str)],
     ) -> StreamReply {
-        let stream = self.connect(addr).await.unwrap();
-        let io = TokioIo::new(stream);
-        let uri = if self.h2 {
-            format!("https://localhost{path}")
-        } else {
-            path.to_owned()
-        };
-        let mut req = Request::post(uri).header("content-type", "application/json");
-        if !self.h2 {
-            req = req.header("host", "localhost");
-        }
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        let req = req.body(Full::new(Bytes::from(body.to_owned()))).unwrap();
-        let (resp, conn) = if self.h2 {
-            let (mut send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
-                .await
-                .unwrap();
-            let conn = tokio::spawn(async move {
-                let _ = conn.await;
-            });
-            (send.send_request(req).await.unwrap(), conn)
-        } else {
-            let (mut send, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
-            let conn = tokio::spawn(async move {
-                let _ = conn.await;
-            });
-            (send.send_request(req).await.unwrap(), conn)
-        };
+        let (resp, conn) = self
+            .send(addr, path, Bytes::from(body.to_owned()), headers)
+            .await
+            .unwrap();
         let (parts, body) = resp.into_parts();
         StreamReply {
             status: parts.status,
@@ -725,4 +718,20 @@ pub fn stream_body(id: &str, sender: &str, task: &str, command: &str, last: Opti
     format!(
         r#"{{"jsonrpc":"2.0","method":"stream","id":{id},"params":{{"message":{{"type":"message","id":"m","senderRole":"leader","senderId":"{sender}","command":"{command}","taskId":"{task}","sessionId":"s1"{cp}}}}}}}"#
     )
+}
+
+/// Feeds events `seqs` to a Partner stream; the one numbered `terminal_at` reports
+/// `terminal_state`, the others `working`.
+pub async fn feed_events(
+    feed: &tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
+    seqs: std::ops::RangeInclusive<u64>,
+    terminal: Option<(u64, &str)>,
+) {
+    for n in seqs {
+        let state = match terminal {
+            Some((t, state)) if t == n => state,
+            _ => "working",
+        };
+        feed.send(Ok(sse_event("\"s1\"", n, state))).await.unwrap();
+    }
 }
