@@ -60,6 +60,9 @@ pub enum CredentialError {
     /// The certificate's AICs (CN, SANs) disagree.
     #[error("certificate AICs disagree")]
     AicMismatch,
+    /// The AIC is on the gateway's block list (`policy.blocked`).
+    #[error("AIC is blocked")]
+    Blocked,
 }
 
 impl CredentialError {
@@ -80,6 +83,7 @@ impl CredentialError {
             CredentialError::MalformedAic => "malformed_aic",
             CredentialError::BadCheckCode => "bad_check_code",
             CredentialError::AicMismatch => "aic_mismatch",
+            CredentialError::Blocked => "blocked",
         }
     }
 

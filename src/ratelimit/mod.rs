@@ -1,0 +1,363 @@
+//! Rate limits, keyed by the caller's AIC (known from the connection, so they are checked
+//! before the request body is read).
+//!
+//! - [`Limiter`]: the quota checks, behind a small trait so a Redis-backed limiter shared by
+//!   several gateway instances can follow. [`GovernorLimiter`] is the in-memory one: a
+//!   default per-AIC quota, per-AIC overrides, optional per-(AIC, Partner) quotas and a
+//!   total per-Partner quota, all GCRA (governor), checked in that order (a request refused
+//!   by a later quota has still spent its token in the earlier ones, as with any chain).
+//! - [`concurrency`]: in-flight requests per Partner and open streams per AIC, held until
+//!   the response body ends.
+
+pub mod concurrency;
+pub mod store;
+
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use governor::clock::{Clock, QuantaClock};
+use governor::middleware::NoOpMiddleware;
+use governor::state::{InMemoryState, NotKeyed};
+use governor::{Quota, RateLimiter};
+
+use crate::identity::Aic;
+use store::CappedStore;
+
+/// A rate as configured: sustained requests per second and burst.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rate {
+    /// Requests per second, sustained.
+    pub per_second: f64,
+    /// Requests allowed at once.
+    pub burst: u32,
+}
+
+impl Rate {
+    fn quota(self) -> Quota {
+        let period = Duration::from_secs_f64(1.0 / self.per_second).max(Duration::from_nanos(1));
+        let burst = NonZeroU32::new(self.burst.max(1)).unwrap_or(NonZeroU32::MIN);
+        Quota::with_period(period)
+            .unwrap_or_else(|| Quota::per_second(NonZeroU32::MIN))
+            .allow_burst(burst)
+    }
+}
+
+/// Why a request was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refusal {
+    /// Short reason (`error.data.reason`).
+    pub reason: &'static str,
+    /// When to try again.
+    pub retry_after: Duration,
+}
+
+/// The quota checks.
+pub trait Limiter: Send + Sync {
+    /// Spends one request of `aic`'s quotas (and, when known, the Partner's).
+    fn check(&self, aic: &Aic, partner: Option<&str>) -> Result<(), Refusal>;
+    /// Forgets keys whose state is back to fresh.
+    fn sweep(&self);
+    /// Keys tracked across the keyed stores.
+    fn tracked(&self) -> usize;
+}
+
+type Keyed<C> = RateLimiter<Aic, CappedStore<Aic>, C, NoOpMiddleware<<C as Clock>::Instant>>;
+type Direct<C> = RateLimiter<NotKeyed, InMemoryState, C, NoOpMiddleware<<C as Clock>::Instant>>;
+
+/// A Partner's quotas.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PartnerRates {
+    /// All callers together.
+    pub total: Option<Rate>,
+    /// Each caller at this Partner.
+    pub per_aic: Option<Rate>,
+}
+
+/// What the limiter is built from (see `[ratelimit]` and `[partner.limits]`).
+#[derive(Debug, Clone, Default)]
+pub struct LimiterConfig {
+    /// The default per-AIC quota.
+    pub default: Option<Rate>,
+    /// Per-AIC quotas replacing the default.
+    pub overrides: HashMap<Aic, Rate>,
+    /// Per-Partner quotas, by Partner name.
+    pub partners: HashMap<String, PartnerRates>,
+    /// Keys tracked per keyed store at most.
+    pub max_keys: usize,
+}
+
+struct KeyedLimit<C: Clock> {
+    limiter: Keyed<C>,
+    store: CappedStore<Aic>,
+}
+
+struct PartnerLimit<C: Clock> {
+    total: Option<Direct<C>>,
+    per_aic: Option<KeyedLimit<C>>,
+}
+
+/// The in-memory limiter (governor GCRA).
+pub struct GovernorLimiter<C: Clock + Clone = QuantaClock> {
+    clock: C,
+    default: Option<KeyedLimit<C>>,
+    overrides: HashMap<Aic, Direct<C>>,
+    partners: HashMap<String, PartnerLimit<C>>,
+    max_keys: usize,
+}
+
+impl GovernorLimiter<QuantaClock> {
+    /// A limiter on the real clock.
+    pub fn new(cfg: &LimiterConfig) -> Self {
+        Self::with_clock(cfg, QuantaClock::default())
+    }
+}
+
+impl<C: Clock + Clone> GovernorLimiter<C> {
+    /// A limiter on the given clock (tests use governor's `FakeRelativeClock`).
+    pub fn with_clock(cfg: &LimiterConfig, clock: C) -> Self {
+        let keyed = |r: Rate| {
+            let store = CappedStore::new();
+            KeyedLimit {
+                limiter: RateLimiter::new(r.quota(), store.clone(), clock.clone()),
+                store,
+            }
+        };
+        let direct = |r: Rate| RateLimiter::direct_with_clock(r.quota(), clock.clone());
+        GovernorLimiter {
+            default: cfg.default.map(keyed),
+            overrides: cfg
+                .overrides
+                .iter()
+                .map(|(a, r)| (*a, direct(*r)))
+                .collect(),
+            partners: cfg
+                .partners
+                .iter()
+                .map(|(name, p)| {
+                    (
+                        name.clone(),
+                        PartnerLimit {
+                            total: p.total.map(direct),
+                            per_aic: p.per_aic.map(keyed),
+                        },
+                    )
+                })
+                .collect(),
+            max_keys: cfg.max_keys,
+            clock,
+        }
+    }
+
+    fn keyed_check(
+        &self,
+        k: &KeyedLimit<C>,
+        aic: &Aic,
+        reason: &'static str,
+    ) -> Result<(), Refusal> {
+        // A full store takes no new key (memory stays bounded); known keys go on.
+        if k.store.tracked() >= self.max_keys && !k.store.contains(aic) {
+            return Err(Refusal {
+                reason: "rate_limit_capacity",
+                retry_after: Duration::from_secs(1),
+            });
+        }
+        k.limiter.check_key(aic).map_err(|not_until| Refusal {
+            reason,
+            retry_after: not_until.wait_time_from(self.clock.now()),
+        })
+    }
+}
+
+impl<C: Clock + Clone + Send + Sync> Limiter for GovernorLimiter<C>
+where
+    C::Instant: Send + Sync,
+{
+    fn check(&self, aic: &Aic, partner: Option<&str>) -> Result<(), Refusal> {
+        let refused = |reason| {
+            move |n: governor::NotUntil<C::Instant>| Refusal {
+                reason,
+                retry_after: n.wait_time_from(self.clock.now()),
+            }
+        };
+        match self.overrides.get(aic) {
+            Some(own) => own.check().map_err(refused("aic_rate"))?,
+            None => {
+                if let Some(k) = &self.default {
+                    self.keyed_check(k, aic, "aic_rate")?;
+                }
+            }
+        }
+        if let Some(p) = partner.and_then(|name| self.partners.get(name)) {
+            if let Some(k) = &p.per_aic {
+                self.keyed_check(k, aic, "aic_partner_rate")?;
+            }
+            if let Some(total) = &p.total {
+                total.check().map_err(refused("partner_rate"))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn sweep(&self) {
+        let stores = self
+            .default
+            .iter()
+            .chain(self.partners.values().filter_map(|p| p.per_aic.as_ref()));
+        for k in stores {
+            k.limiter.retain_recent();
+            k.limiter.shrink_to_fit();
+        }
+    }
+
+    fn tracked(&self) -> usize {
+        self.default
+            .iter()
+            .map(|k| k.store.tracked())
+            .sum::<usize>()
+            + self
+                .partners
+                .values()
+                .filter_map(|p| p.per_aic.as_ref())
+                .map(|k| k.store.tracked())
+                .sum::<usize>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use governor::clock::FakeRelativeClock;
+
+    fn aic(i: u32) -> Aic {
+        Aic::with_check_code(&format!("10001000011K9{i:017}")).unwrap()
+    }
+
+    fn limiter(cfg: LimiterConfig) -> (GovernorLimiter<FakeRelativeClock>, FakeRelativeClock) {
+        let clock = FakeRelativeClock::default();
+        (GovernorLimiter::with_clock(&cfg, clock.clone()), clock)
+    }
+
+    /// Issue test 5: a burst of B + k lets exactly B through; another AIC is unaffected;
+    /// tokens come back with time.
+    #[test]
+    fn burst_then_refill_per_aic() {
+        let (l, clock) = limiter(LimiterConfig {
+            default: Some(Rate {
+                per_second: 2.0,
+                burst: 5,
+            }),
+            max_keys: 1000,
+            ..Default::default()
+        });
+        let (a, b) = (aic(1), aic(2));
+        let results: Vec<_> = (0..8).map(|_| l.check(&a, None)).collect();
+        assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 5);
+        let refusal = results[7].unwrap_err();
+        assert_eq!(refusal.reason, "aic_rate");
+        assert_eq!(refusal.retry_after, Duration::from_millis(500));
+        assert!(l.check(&b, None).is_ok(), "another AIC is unaffected");
+        clock.advance(Duration::from_millis(499));
+        assert!(l.check(&a, None).is_err());
+        clock.advance(Duration::from_millis(1));
+        assert!(l.check(&a, None).is_ok(), "one token back after 500 ms");
+        assert!(l.check(&a, None).is_err());
+        clock.advance(Duration::from_secs(10));
+        assert_eq!(
+            (0..6).filter(|_| l.check(&a, None).is_ok()).count(),
+            5,
+            "full burst again"
+        );
+    }
+
+    #[test]
+    fn overrides_and_partner_quotas() {
+        let special = aic(9);
+        let mut partners = HashMap::new();
+        partners.insert(
+            "p".to_owned(),
+            PartnerRates {
+                total: Some(Rate {
+                    per_second: 1.0,
+                    burst: 4,
+                }),
+                per_aic: Some(Rate {
+                    per_second: 1.0,
+                    burst: 2,
+                }),
+            },
+        );
+        let (l, _clock) = limiter(LimiterConfig {
+            default: Some(Rate {
+                per_second: 1.0,
+                burst: 1,
+            }),
+            overrides: [(
+                special,
+                Rate {
+                    per_second: 1.0,
+                    burst: 100,
+                },
+            )]
+            .into(),
+            partners,
+            max_keys: 1000,
+        });
+        assert_eq!(
+            (0..10).filter(|_| l.check(&special, None).is_ok()).count(),
+            10
+        );
+        assert_eq!(l.check(&aic(1), None), Ok(()));
+        assert_eq!(l.check(&aic(1), None).unwrap_err().reason, "aic_rate");
+        // Per (AIC, Partner): 2 each; the Partner's total: 4 for everyone.
+        assert!(l.check(&special, Some("p")).is_ok());
+        assert!(l.check(&special, Some("p")).is_ok());
+        assert_eq!(
+            l.check(&special, Some("p")).unwrap_err().reason,
+            "aic_partner_rate"
+        );
+        assert!(l.check(&aic(2), Some("p")).is_ok());
+        assert!(l.check(&aic(3), Some("p")).is_ok());
+        assert_eq!(
+            l.check(&aic(4), Some("p")).unwrap_err().reason,
+            "partner_rate"
+        );
+        assert!(
+            l.check(&aic(5), Some("other")).is_ok(),
+            "no quota at that Partner"
+        );
+    }
+
+    /// Issue test 7: 100,000 distinct AICs: the store stays within its cap, and a sweep
+    /// empties it once their states are back to fresh.
+    #[test]
+    fn hundred_thousand_aics_stay_within_the_cap() {
+        let (l, clock) = limiter(LimiterConfig {
+            default: Some(Rate {
+                per_second: 10.0,
+                burst: 10,
+            }),
+            max_keys: 50_000,
+            ..Default::default()
+        });
+        let mut refused = 0;
+        for i in 0..100_000 {
+            if l.check(&aic(i), None).is_err() {
+                refused += 1;
+            }
+        }
+        assert_eq!(l.tracked(), 50_000);
+        assert_eq!(
+            refused, 50_000,
+            "new AICs are refused while the store is full"
+        );
+        assert!(l.check(&aic(1), None).is_ok(), "known AICs go on");
+        clock.advance(Duration::from_secs(2));
+        l.sweep();
+        assert_eq!(l.tracked(), 0);
+        assert!(
+            l.check(&aic(99_999), None).is_ok(),
+            "room again after the sweep"
+        );
+    }
+}
