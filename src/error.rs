@@ -30,6 +30,9 @@ pub mod codes {
     pub const AUTHORIZATION_FAILED: i32 = -32009;
     /// AIP: the credential presented is invalid.
     pub const INVALID_CREDENTIAL: i32 = -32010;
+    /// The gateway's own (AIP defines none): a quota or concurrency limit refused the
+    /// request. In the server range, clear of AIP's -32001..-32010; 29 as in HTTP 429.
+    pub const RATE_LIMITED: i32 = -32029;
 }
 
 /// Everything that can go wrong with one request.
@@ -99,6 +102,16 @@ pub enum GatewayError {
     UpstreamTimeout {
         /// Partner name.
         partner: String,
+    },
+    /// A quota or concurrency limit refused the request.
+    #[error("too many requests ({reason}); retry after {} ms", retry_after.as_millis())]
+    RateLimited {
+        /// Which limit.
+        reason: &'static str,
+        /// When to try again.
+        retry_after: std::time::Duration,
+        /// The request body was left unread: the HTTP/1 connection must close.
+        body_unread: bool,
     },
     /// The Partner's answer broke the HTTP protocol.
     #[error("Partner {partner} failed: {detail}")]
@@ -174,6 +187,9 @@ impl GatewayError {
             GatewayError::UpstreamProtocol { .. } => {
                 (StatusCode::BAD_GATEWAY, INTERNAL_ERROR, "upstream_protocol")
             }
+            GatewayError::RateLimited { reason, .. } => {
+                (StatusCode::TOO_MANY_REQUESTS, RATE_LIMITED, reason)
+            }
         }
     }
 
@@ -187,7 +203,13 @@ impl GatewayError {
     pub fn closes_connection(&self) -> bool {
         matches!(
             self,
-            GatewayError::BodyTooLarge { .. } | GatewayError::BodyTimeout | GatewayError::BodyRead
+            GatewayError::BodyTooLarge { .. }
+                | GatewayError::BodyTimeout
+                | GatewayError::BodyRead
+                | GatewayError::RateLimited {
+                    body_unread: true,
+                    ..
+                }
         )
     }
 
@@ -200,6 +222,7 @@ impl GatewayError {
             codes::AUTHENTICATION_REQUIRED => "Authentication required",
             codes::AUTHORIZATION_FAILED => "Authorization failed",
             codes::INVALID_CREDENTIAL => "Invalid credential",
+            codes::RATE_LIMITED => "Too many requests",
             _ => "Internal error",
         }
     }
@@ -217,11 +240,18 @@ impl GatewayError {
             GatewayError::Envelope(EnvelopeError::InvalidParams { field, .. }) => Some(*field),
             _ => None,
         };
+        let retry_after_ms = match self {
+            GatewayError::RateLimited { retry_after, .. } => {
+                Some(retry_after.as_millis().min(u128::from(u64::MAX)) as u64)
+            }
+            _ => None,
+        };
         ErrorData {
             reason,
             field,
             detail: Some(self.to_string()),
             partner,
+            retry_after_ms,
             ..Default::default()
         }
     }
@@ -239,6 +269,12 @@ impl GatewayError {
         );
         if self.closes_connection() {
             headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        if let GatewayError::RateLimited { retry_after, .. } = &self {
+            let secs = retry_after.as_millis().div_ceil(1000).max(1);
+            if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+                headers.insert(header::RETRY_AFTER, v);
+            }
         }
         if let GatewayError::HttpMethod(_) = self {
             headers.insert(header::ALLOW, HeaderValue::from_static("POST"));

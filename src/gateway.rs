@@ -8,6 +8,9 @@ use anyhow::Context;
 use arc_swap::ArcSwap;
 
 use crate::config::Config;
+use crate::policy::tasks::{MemoryTaskOwners, TaskOwners};
+use crate::ratelimit::concurrency::{InFlight, StreamCounts};
+use crate::ratelimit::{GovernorLimiter, Limiter};
 use crate::routing::{Partner, Router};
 use crate::sse::memory::MemoryStore;
 use crate::sse::replay::ReplayStore;
@@ -24,11 +27,26 @@ pub struct Snapshot {
     pub router: Router,
     /// The replay buffer (shared by every snapshot: it outlives config reloads).
     pub replay: Arc<dyn ReplayStore>,
+    /// Task owners (shared like the replay buffer).
+    pub tasks: Arc<dyn TaskOwners>,
+    /// Quotas.
+    pub limiter: Arc<dyn Limiter>,
+    /// Open streams per AIC, when limited.
+    pub streams: Option<Arc<StreamCounts>>,
+}
+
+/// State that outlives a config snapshot.
+#[derive(Clone)]
+pub struct Stores {
+    /// The replay buffer.
+    pub replay: Arc<dyn ReplayStore>,
+    /// Task owners.
+    pub tasks: Arc<dyn TaskOwners>,
 }
 
 impl Snapshot {
     /// Builds TLS settings, upstream pools and the router (reads certificate files).
-    pub fn build(config: Config, replay: Arc<dyn ReplayStore>) -> anyhow::Result<Snapshot> {
+    pub fn build(config: Config, stores: Stores) -> anyhow::Result<Snapshot> {
         let tls = tls::build_server(&config.listener, &config.aic_domain_suffix)?;
         let mut partners = Vec::with_capacity(config.partners.len());
         for p in &config.partners {
@@ -37,13 +55,20 @@ impl Snapshot {
             partners.push(Arc::new(Partner {
                 config: p.clone(),
                 pool,
+                in_flight: p.max_in_flight.map(InFlight::new),
             }));
         }
         Ok(Snapshot {
-            config: Arc::new(config),
             tls,
             router: Router::new(partners),
-            replay,
+            limiter: Arc::new(GovernorLimiter::new(&config.ratelimit.limiter)),
+            streams: config
+                .ratelimit
+                .max_streams_per_aic
+                .map(|n| Arc::new(StreamCounts::new(n))),
+            replay: stores.replay,
+            tasks: stores.tasks,
+            config: Arc::new(config),
         })
     }
 }
@@ -56,9 +81,15 @@ pub struct Gateway {
 impl Gateway {
     /// Builds the gateway from a config.
     pub fn new(config: Config) -> anyhow::Result<Arc<Gateway>> {
-        let replay: Arc<dyn ReplayStore> = Arc::new(MemoryStore::new(config.replay));
+        let stores = Stores {
+            replay: Arc::new(MemoryStore::new(config.replay)),
+            tasks: Arc::new(MemoryTaskOwners::new(
+                config.tasks.max_entries,
+                config.tasks.ttl,
+            )),
+        };
         Ok(Arc::new(Gateway {
-            current: ArcSwap::from_pointee(Snapshot::build(config, replay)?),
+            current: ArcSwap::from_pointee(Snapshot::build(config, stores)?),
         }))
     }
 

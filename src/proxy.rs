@@ -27,8 +27,11 @@ use crate::error::GatewayError;
 use crate::gateway::Snapshot;
 use crate::identity::{ConnAuth, PeerIdentity};
 use crate::jsonrpc::{self, Command, Method, RpcId};
+use crate::policy::tasks::check_task;
+use crate::ratelimit::Refusal;
 use crate::routing::{request_host, Route};
 use crate::streams::{self, StreamRequest};
+use std::time::Duration;
 
 /// Errors inside response bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -92,6 +95,17 @@ async fn pipeline(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
+    let host = request_host(&parts.uri, &parts.headers, conn.sni.as_deref());
+    let route: Option<Route> = snap.router.route(host.as_deref(), parts.uri.path());
+
+    // Quotas first, before the body is read: the AIC is known from the connection.
+    if let ConnAuth::Verified(ident) = &conn.auth {
+        let partner = route.as_ref().map(|r| r.partner.config.name.as_str());
+        if let Err(refusal) = snap.limiter.check(&ident.aic, partner) {
+            return Err(refused(refusal, body, content_length, snap).await);
+        }
+    }
+
     let read = read_bounded(body, content_length, cfg.max_body_bytes);
     let body = match tokio::time::timeout(cfg.listener.body_read_timeout, read).await {
         Err(_) => return Err((GatewayError::BodyTimeout, RpcId::null())),
@@ -115,13 +129,10 @@ async fn pipeline(
         ConnAuth::Missing => return Err((GatewayError::AuthenticationRequired, id)),
         ConnAuth::Rejected(e) => return Err((GatewayError::InvalidCredential(*e), id)),
     };
+    with_id(cfg.policy.check_blocked(&identity.aic), &id)?;
     let parsed = with_id(parsed.map_err(|f| f.error.into()), &id)?;
-
-    let host = request_host(&parts.uri, &parts.headers, conn.sni.as_deref());
-    let route: Route = with_id(
-        snap.router
-            .route(host.as_deref(), parts.uri.path())
-            .ok_or_else(|| GatewayError::NoRoute(parts.uri.path().to_owned())),
+    let route = with_id(
+        route.ok_or_else(|| GatewayError::NoRoute(parts.uri.path().to_owned())),
         &id,
     )?;
 
@@ -139,11 +150,8 @@ async fn pipeline(
             ));
         }
     }
-    if let Some(sender) = envelope
-        .message
-        .as_ref()
-        .and_then(|m| m.sender_id.as_deref())
-    {
+    let message = envelope.message.as_ref();
+    if let Some(sender) = message.and_then(|m| m.sender_id.as_deref()) {
         if sender != identity.aic.as_str() {
             let detail = format!(
                 "senderId {sender:?} is not the caller's certificate AIC {}",
@@ -158,8 +166,56 @@ async fn pipeline(
             ));
         }
     }
+    let partner = &route.partner;
+    let pname = partner.config.name.as_str();
+    with_id(
+        cfg.policy
+            .check_role(message.and_then(|m| m.sender_role.as_deref())),
+        &id,
+    )?;
+    with_id(
+        partner.config.access.check(&identity.aic, method, pname),
+        &id,
+    )?;
+    let command = message.and_then(|m| m.command);
+    with_id(
+        check_task(
+            snap.tasks.as_ref(),
+            cfg.tasks.unknown,
+            pname,
+            &identity.aic,
+            method,
+            command,
+            envelope.task_id.as_deref(),
+            message.and_then(|m| m.session_id.as_deref()),
+        ),
+        &id,
+    )?;
 
-    let stream_req = match (&envelope.message, method) {
+    // Concurrency limits: the permits live as long as the response body.
+    let busy = |reason| GatewayError::RateLimited {
+        reason,
+        retry_after: Duration::from_secs(1),
+        body_unread: false,
+    };
+    let in_flight = match &partner.in_flight {
+        Some(limit) => Some(with_id(
+            limit.try_acquire().ok_or_else(|| busy("partner_in_flight")),
+            &id,
+        )?),
+        None => None,
+    };
+    let stream_permit = match (&snap.streams, method) {
+        (Some(streams), Method::Stream) => Some(with_id(
+            streams
+                .try_open(&identity.aic)
+                .ok_or_else(|| busy("aic_streams")),
+            &id,
+        )?),
+        _ => None,
+    };
+
+    let stream_req = match (message, method) {
         (Some(m), Method::Stream) => Some(StreamRequest {
             command: m.command.unwrap_or(Command::Start),
             task_id: envelope.task_id.as_deref().map(str::to_owned),
@@ -171,18 +227,87 @@ async fn pipeline(
         _ => None,
     };
 
-    let partner = &route.partner;
     let upstream = upstream_request(
         body,
         partner.pool.target(partner.path_for(method)),
         upstream_headers(&parts.headers, &identity, conn.peer),
     );
-    if let Some(stream_req) = stream_req {
-        let r = streams::handle(snap, partner, &identity, stream_req, id.clone(), upstream).await;
-        return with_id(r, &id);
+    let resp = match stream_req {
+        Some(stream_req) => {
+            let r =
+                streams::handle(snap, partner, &identity, stream_req, id.clone(), upstream).await;
+            with_id(r, &id)?
+        }
+        None => relay_response(with_id(partner.pool.send(upstream).await, &id)?),
+    };
+    Ok(match (in_flight, stream_permit) {
+        (None, None) => resp,
+        permits => resp.map(|b| {
+            Held {
+                body: b,
+                _permits: permits,
+            }
+            .boxed_unsync()
+        }),
+    })
+}
+
+/// A quota refusal. The body is read to echo the request id only when it is small
+/// (`ratelimit.reply_id_max_bytes`), so a throttled client costs little; otherwise the id
+/// is `null` and the HTTP/1 connection closes (its body was left unread).
+async fn refused(
+    refusal: Refusal,
+    body: Incoming,
+    content_length: Option<u64>,
+    snap: &Snapshot,
+) -> Failure {
+    let cfg = &snap.config;
+    let small = content_length.is_some_and(|n| n as usize <= cfg.ratelimit.reply_id_max_bytes);
+    let mut id = RpcId::null();
+    if small {
+        let read = read_bounded(body, content_length, cfg.ratelimit.reply_id_max_bytes);
+        if let Ok(Ok(bytes)) = tokio::time::timeout(cfg.listener.body_read_timeout, read).await {
+            let raw = match jsonrpc::parse(&bytes) {
+                Ok(p) => p.id(),
+                Err(f) => f.id,
+            };
+            if let Some(raw) = raw {
+                id = RpcId::from_body(&bytes, raw);
+            }
+        }
     }
-    let resp = with_id(partner.pool.send(upstream).await, &id)?;
-    Ok(relay_response(resp))
+    let err = GatewayError::RateLimited {
+        reason: refusal.reason,
+        retry_after: refusal.retry_after,
+        body_unread: !small,
+    };
+    (err, id)
+}
+
+/// A response body holding concurrency permits until it ends.
+struct Held {
+    body: ResponseBody,
+    _permits: (
+        Option<tokio::sync::OwnedSemaphorePermit>,
+        Option<crate::ratelimit::concurrency::StreamPermit>,
+    ),
+}
+
+impl http_body::Body for Held {
+    type Data = Bytes;
+    type Error = BoxError;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// The request to the Partner. Its body is the client's body `Bytes` itself (a reference

@@ -18,6 +18,8 @@ pub struct Partner {
     pub config: PartnerConfig,
     /// Pooled clients to its upstreams.
     pub pool: UpstreamPool,
+    /// Its in-flight limit, when set.
+    pub in_flight: Option<crate::ratelimit::concurrency::InFlight>,
 }
 
 impl Partner {
@@ -136,7 +138,11 @@ upstreams = ["http://127.0.0.1:9"]
                 .into_iter()
                 .map(|p| {
                     let pool = UpstreamPool::new(&p, &up, "acps.pub").unwrap();
-                    Arc::new(Partner { config: p, pool })
+                    Arc::new(Partner {
+                        config: p,
+                        pool,
+                        in_flight: None,
+                    })
                 })
                 .collect(),
         )

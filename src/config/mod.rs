@@ -36,6 +36,12 @@ pub struct Config {
     pub stream: crate::sse::relay::StreamSettings,
     /// Replay buffer bounds.
     pub replay: crate::sse::memory::ReplayLimits,
+    /// Gateway-wide authorization rules.
+    pub policy: crate::policy::GlobalPolicy,
+    /// Task ownership settings.
+    pub tasks: TaskPolicy,
+    /// Rate limit settings.
+    pub ratelimit: RateLimitSettings,
     /// The Partners, in file order.
     pub partners: Vec<PartnerConfig>,
 }
@@ -71,6 +77,30 @@ pub struct UpstreamConfig {
     pub pool_max_idle_per_host: usize,
 }
 
+/// `[policy.tasks]`, validated.
+#[derive(Debug, Clone, Copy)]
+pub struct TaskPolicy {
+    /// Tasks remembered at most.
+    pub max_entries: usize,
+    /// Forgotten this long after last use.
+    pub ttl: Duration,
+    /// Commands on tasks with no known owner.
+    pub unknown: raw::UnknownTask,
+}
+
+/// `[ratelimit]` (and every `[partner.limits]` quota), validated.
+#[derive(Debug, Clone)]
+pub struct RateLimitSettings {
+    /// What the limiter is built from.
+    pub limiter: crate::ratelimit::LimiterConfig,
+    /// Sweep period.
+    pub sweep_interval: Duration,
+    /// Open streams per AIC at most.
+    pub max_streams_per_aic: Option<usize>,
+    /// A refused request's body is read only up to this size, to echo its id.
+    pub reply_id_max_bytes: usize,
+}
+
 /// One Partner, validated.
 #[derive(Debug, Clone)]
 pub struct PartnerConfig {
@@ -88,6 +118,12 @@ pub struct PartnerConfig {
     pub paths: [String; Method::ALL.len()],
     /// TLS to the Partner.
     pub tls: Option<PartnerTlsConfig>,
+    /// Who may call it.
+    pub access: crate::policy::PartnerAccess,
+    /// Its quotas.
+    pub rates: crate::ratelimit::PartnerRates,
+    /// Requests in flight to it at most.
+    pub max_in_flight: Option<usize>,
 }
 
 /// `[partner.tls]`, with resolved paths.
@@ -210,6 +246,48 @@ impl Config {
             http2_max_concurrent_streams: l.http2_max_concurrent_streams,
             drain_timeout: l.drain_timeout,
         };
+        let policy = crate::policy::GlobalPolicy {
+            sender_roles: raw.policy.sender_roles.clone(),
+            blocked: raw
+                .policy
+                .blocked
+                .iter()
+                .enumerate()
+                .map(|(i, a)| {
+                    Aic::parse(a).map_err(|e| anyhow::anyhow!("policy.blocked[{i}]: {a:?}: {e}"))
+                })
+                .collect::<anyhow::Result<_>>()?,
+        };
+        let t = &raw.policy.tasks;
+        if t.max_entries == 0 || t.ttl.is_zero() {
+            bail!("policy.tasks: max_entries and ttl must be greater than zero");
+        }
+        let tasks = TaskPolicy {
+            max_entries: t.max_entries,
+            ttl: t.ttl,
+            unknown: t.unknown,
+        };
+        let rl = &raw.ratelimit;
+        if rl.max_keys == 0 || rl.sweep_interval.is_zero() {
+            bail!("ratelimit: max_keys and sweep_interval must be greater than zero");
+        }
+        if rl.max_streams_per_aic == Some(0) {
+            bail!("ratelimit.max_streams_per_aic: must be at least 1 (omit it for no limit)");
+        }
+        let mut limiter = crate::ratelimit::LimiterConfig {
+            default: rate("ratelimit", rl.rate, rl.burst)?,
+            max_keys: rl.max_keys,
+            ..Default::default()
+        };
+        for (i, o) in rl.overrides.iter().enumerate() {
+            let key = format!("ratelimit.aic[{i}]");
+            let aic =
+                Aic::parse(&o.aic).map_err(|e| anyhow::anyhow!("{key}.aic: {:?}: {e}", o.aic))?;
+            let r = rate(&key, Some(o.rate), o.burst)?.context("rate")?;
+            if limiter.overrides.insert(aic, r).is_some() {
+                bail!("{key}.aic: {} appears twice", o.aic);
+            }
+        }
         let mut names = HashSet::new();
         let mut routes = HashSet::new();
         let mut partners = Vec::with_capacity(raw.partners.len());
@@ -233,6 +311,7 @@ impl Config {
                     );
                 }
             }
+            limiter.partners.insert(partner.name.clone(), partner.rates);
             partners.push(partner);
         }
         Ok(Config {
@@ -259,9 +338,67 @@ impl Config {
                 max_streams: raw.replay.max_streams,
                 retention: raw.replay.retention,
             },
+            policy,
+            tasks,
+            ratelimit: RateLimitSettings {
+                limiter,
+                sweep_interval: rl.sweep_interval,
+                max_streams_per_aic: rl.max_streams_per_aic,
+                reply_id_max_bytes: rl.reply_id_max_bytes,
+            },
             partners,
         })
     }
+}
+
+/// A rate from `rate` (per second) and `burst` (default: the rate, rounded up).
+fn rate(
+    key: &str,
+    per_second: Option<f64>,
+    burst: Option<u32>,
+) -> anyhow::Result<Option<crate::ratelimit::Rate>> {
+    match (per_second, burst) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => bail!("{key}: a burst needs a rate"),
+        (Some(r), _) if !(r.is_finite() && r > 0.0) => {
+            bail!("{key}: rate must be a positive number of requests per second")
+        }
+        (Some(_), Some(0)) => bail!("{key}: burst must be at least 1"),
+        (Some(r), b) => Ok(Some(crate::ratelimit::Rate {
+            per_second: r,
+            burst: b.unwrap_or(r.ceil() as u32).max(1),
+        })),
+    }
+}
+
+fn access_from_raw(a: &raw::RawAccess) -> anyhow::Result<crate::policy::PartnerAccess> {
+    let patterns =
+        |key: String, list: &[String]| -> anyhow::Result<Vec<crate::policy::AicPattern>> {
+            list.iter()
+                .enumerate()
+                .map(|(i, p)| p.parse().map_err(|e| anyhow::anyhow!("{key}[{i}]: {e}")))
+                .collect()
+        };
+    let mut access = crate::policy::PartnerAccess {
+        base: crate::policy::AccessRule {
+            allow: patterns("access.allow".into(), &a.allow)?,
+            deny: patterns("access.deny".into(), &a.deny)?,
+        },
+        methods: Vec::new(),
+    };
+    for (i, m) in a.methods.iter().enumerate() {
+        let key = format!("access.methods[{i}]");
+        let set = crate::policy::method_set(&m.methods)
+            .map_err(|e| anyhow::anyhow!("{key}.methods: {e}"))?;
+        access.methods.push((
+            set,
+            crate::policy::AccessRule {
+                allow: patterns(format!("{key}.allow"), &m.allow)?,
+                deny: patterns(format!("{key}.deny"), &m.deny)?,
+            },
+        ));
+    }
+    Ok(access)
 }
 
 fn partner_from_raw(
@@ -322,7 +459,19 @@ fn partner_from_raw(
             })
         }
     };
+    let access = access_from_raw(&p.access)?;
+    let l = &p.limits;
+    let rates = crate::ratelimit::PartnerRates {
+        total: rate("limits", l.rate, l.burst)?,
+        per_aic: rate("limits.per_aic", l.per_aic_rate, l.per_aic_burst)?,
+    };
+    if l.max_in_flight == Some(0) {
+        bail!("limits.max_in_flight: must be at least 1 (omit it for no limit)");
+    }
     Ok(PartnerConfig {
+        access,
+        rates,
+        max_in_flight: l.max_in_flight,
         name: p.name,
         prefix,
         hosts: p.hosts.iter().map(|h| h.to_ascii_lowercase()).collect(),

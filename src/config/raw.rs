@@ -30,6 +30,12 @@ pub struct RawConfig {
     /// Replay buffer bounds.
     #[serde(default)]
     pub replay: RawReplay,
+    /// Gateway-wide authorization rules.
+    #[serde(default)]
+    pub policy: RawPolicy,
+    /// Per-AIC rate limits.
+    #[serde(default)]
+    pub ratelimit: RawRateLimit,
     /// The Partners.
     #[serde(default, rename = "partner")]
     pub partners: Vec<RawPartner>,
@@ -241,6 +247,193 @@ pub struct RawPartner {
     /// TLS to the Partner (https upstreams).
     #[serde(default)]
     pub tls: Option<RawPartnerTls>,
+    /// Who may call this Partner.
+    #[serde(default)]
+    pub access: RawAccess,
+    /// This Partner's quotas and concurrency limit.
+    #[serde(default)]
+    pub limits: RawPartnerLimits,
+}
+
+/// `[partner.access]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAccess {
+    /// AIC patterns that may call (empty: everyone not denied).
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// AIC patterns that may not (deny wins).
+    #[serde(default)]
+    pub deny: Vec<String>,
+    /// Extra rules for some methods.
+    #[serde(default)]
+    pub methods: Vec<RawMethodAccess>,
+}
+
+/// `[[partner.access.methods]]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMethodAccess {
+    /// Method names or patterns (`notification/*`).
+    pub methods: Vec<String>,
+    /// AIC patterns that may call these methods.
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// AIC patterns that may not.
+    #[serde(default)]
+    pub deny: Vec<String>,
+}
+
+/// `[partner.limits]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPartnerLimits {
+    /// All callers together: requests per second.
+    #[serde(default)]
+    pub rate: Option<f64>,
+    /// All callers together: burst (default: the rate, rounded up).
+    #[serde(default)]
+    pub burst: Option<u32>,
+    /// Each caller at this Partner: requests per second.
+    #[serde(default)]
+    pub per_aic_rate: Option<f64>,
+    /// Each caller at this Partner: burst.
+    #[serde(default)]
+    pub per_aic_burst: Option<u32>,
+    /// Requests (and open streams) in flight to this Partner at most.
+    #[serde(default)]
+    pub max_in_flight: Option<usize>,
+}
+
+/// `[policy]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPolicy {
+    /// Accepted `senderRole` values (empty: any).
+    #[serde(default = "leader_role")]
+    pub sender_roles: Vec<String>,
+    /// AICs refused as if revoked (-32010).
+    #[serde(default)]
+    pub blocked: Vec<String>,
+    /// Task ownership.
+    #[serde(default)]
+    pub tasks: RawTasks,
+}
+
+impl Default for RawPolicy {
+    fn default() -> Self {
+        RawPolicy {
+            sender_roles: leader_role(),
+            blocked: Vec::new(),
+            tasks: RawTasks::default(),
+        }
+    }
+}
+
+/// What to do with a command on a task the gateway has no owner for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnknownTask {
+    /// Forward it (the task may predate the gateway, or its entry was evicted).
+    #[default]
+    Forward,
+    /// Refuse it (-32009, `unknown_task`).
+    Refuse,
+}
+
+/// `[policy.tasks]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTasks {
+    /// Tasks remembered at most (the oldest are forgotten first).
+    #[serde(default = "default_task_entries")]
+    pub max_entries: usize,
+    /// A task is forgotten this long after it was last used.
+    #[serde(default = "d24h", with = "humantime_serde")]
+    pub ttl: Duration,
+    /// `forward` or `refuse` commands on tasks with no known owner.
+    #[serde(default)]
+    pub unknown: UnknownTask,
+}
+
+impl Default for RawTasks {
+    fn default() -> Self {
+        RawTasks {
+            max_entries: default_task_entries(),
+            ttl: d24h(),
+            unknown: UnknownTask::Forward,
+        }
+    }
+}
+
+/// `[ratelimit]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRateLimit {
+    /// Default per-AIC quota: requests per second (none: no default quota).
+    #[serde(default)]
+    pub rate: Option<f64>,
+    /// Default per-AIC burst (default: the rate, rounded up).
+    #[serde(default)]
+    pub burst: Option<u32>,
+    /// AICs tracked per keyed quota at most; new AICs are refused while full.
+    #[serde(default = "default_max_keys")]
+    pub max_keys: usize,
+    /// How often keys back to a fresh state are swept.
+    #[serde(default = "d60s", with = "humantime_serde")]
+    pub sweep_interval: Duration,
+    /// Open streams per AIC at most (none: no limit).
+    #[serde(default)]
+    pub max_streams_per_aic: Option<usize>,
+    /// A refused request's body is read (to echo its id) only up to this size.
+    #[serde(default = "default_reply_id_bytes")]
+    pub reply_id_max_bytes: usize,
+    /// Per-AIC quotas replacing the default.
+    #[serde(default, rename = "aic")]
+    pub overrides: Vec<RawRateOverride>,
+}
+
+impl Default for RawRateLimit {
+    fn default() -> Self {
+        RawRateLimit {
+            rate: None,
+            burst: None,
+            max_keys: default_max_keys(),
+            sweep_interval: d60s(),
+            max_streams_per_aic: None,
+            reply_id_max_bytes: default_reply_id_bytes(),
+            overrides: Vec::new(),
+        }
+    }
+}
+
+/// `[[ratelimit.aic]]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRateOverride {
+    /// The AIC.
+    pub aic: String,
+    /// Requests per second.
+    pub rate: f64,
+    /// Burst (default: the rate, rounded up).
+    #[serde(default)]
+    pub burst: Option<u32>,
+}
+
+fn leader_role() -> Vec<String> {
+    vec!["leader".to_owned()]
+}
+fn d24h() -> Duration {
+    Duration::from_secs(24 * 3600)
+}
+fn default_task_entries() -> usize {
+    100_000
+}
+fn default_max_keys() -> usize {
+    100_000
+}
+fn default_reply_id_bytes() -> usize {
+    16 * 1024
 }
 
 /// `[partner.tls]`

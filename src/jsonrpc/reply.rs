@@ -60,6 +60,9 @@ pub struct ErrorData {
     /// The last `eventSeq` delivered on a stream that ended abnormally (`null`: none).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_event_seq: Option<Option<u64>>,
+    /// When to retry, after a rate-limit refusal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
     /// The lowest `eventSeq` still available, when events were evicted.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_available_seq: Option<u64>,
