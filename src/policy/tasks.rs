@@ -165,6 +165,44 @@ impl TaskOwners for MemoryTaskOwners {
     }
 }
 
+/// Applies task ownership to one request: a `start` claims the task, any other command on
+/// a `taskId` (including `notification/set|get|delete`) must come from its owner.
+#[allow(clippy::too_many_arguments)]
+pub fn check_task(
+    owners: &dyn TaskOwners,
+    unknown: crate::config::raw::UnknownTask,
+    partner: &str,
+    aic: &Aic,
+    method: crate::jsonrpc::Method,
+    command: Option<crate::jsonrpc::Command>,
+    task_id: Option<&str>,
+    session: Option<&str>,
+) -> Result<(), crate::error::GatewayError> {
+    use crate::jsonrpc::{Command, Method};
+    let Some(task) = task_id else { return Ok(()) };
+    if method == Method::Group {
+        return Ok(());
+    }
+    let not_owner = |owner: Aic| crate::error::GatewayError::Forbidden {
+        reason: "not_task_owner",
+        detail: format!("task {task:?} belongs to {owner}, not {aic}"),
+    };
+    if method.carries_message() && command == Some(Command::Start) {
+        return owners.claim(partner, task, aic, session).map_err(not_owner);
+    }
+    match owners.owner(partner, task) {
+        Some(owner) if owner != *aic => Err(not_owner(owner)),
+        Some(_) => Ok(()),
+        None if unknown == crate::config::raw::UnknownTask::Refuse => {
+            Err(crate::error::GatewayError::Forbidden {
+                reason: "unknown_task",
+                detail: format!("task {task:?} has no known owner"),
+            })
+        }
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,43 +246,5 @@ mod tests {
         // The newest tasks are the ones kept.
         assert_eq!(store.owner("p", "task-99999"), Some(a));
         assert_eq!(store.owner("p", "task-0"), None);
-    }
-}
-
-/// Applies task ownership to one request: a `start` claims the task, any other command on
-/// a `taskId` (including `notification/set|get|delete`) must come from its owner.
-#[allow(clippy::too_many_arguments)]
-pub fn check_task(
-    owners: &dyn TaskOwners,
-    unknown: crate::config::raw::UnknownTask,
-    partner: &str,
-    aic: &Aic,
-    method: crate::jsonrpc::Method,
-    command: Option<crate::jsonrpc::Command>,
-    task_id: Option<&str>,
-    session: Option<&str>,
-) -> Result<(), crate::error::GatewayError> {
-    use crate::jsonrpc::{Command, Method};
-    let Some(task) = task_id else { return Ok(()) };
-    if method == Method::Group {
-        return Ok(());
-    }
-    let not_owner = |owner: Aic| crate::error::GatewayError::Forbidden {
-        reason: "not_task_owner",
-        detail: format!("task {task:?} belongs to {owner}, not {aic}"),
-    };
-    if method.carries_message() && command == Some(Command::Start) {
-        return owners.claim(partner, task, aic, session).map_err(not_owner);
-    }
-    match owners.owner(partner, task) {
-        Some(owner) if owner != *aic => Err(not_owner(owner)),
-        Some(_) => Ok(()),
-        None if unknown == crate::config::raw::UnknownTask::Refuse => {
-            Err(crate::error::GatewayError::Forbidden {
-                reason: "unknown_task",
-                detail: format!("task {task:?} has no known owner"),
-            })
-        }
-        None => Ok(()),
     }
 }
