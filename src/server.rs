@@ -41,6 +41,7 @@ pub async fn run(
     let drain_timeout = snap.config.listener.drain_timeout;
     let permits = Arc::new(Semaphore::new(max));
     let (drain_tx, drain_rx) = watch::channel(false);
+    let sweeper = tokio::spawn(sweep_limits(gateway.clone()));
     tokio::pin!(shutdown);
     loop {
         // Waiting for a permit before accepting leaves excess clients in the kernel's
@@ -65,6 +66,7 @@ pub async fn run(
         tokio::spawn(serve_connection(tcp, peer, snap, drain_rx.clone(), permit));
     }
     drop(listener);
+    sweeper.abort();
     let _ = drain_tx.send(true);
     // Every connection holds a permit: all of them back means all connections ended.
     let all = u32::try_from(max).unwrap_or(u32::MAX);
@@ -75,6 +77,16 @@ pub async fn run(
         tracing::warn!("drain timeout: closing remaining connections");
     }
     Ok(())
+}
+
+/// Every `ratelimit.sweep_interval`, forgets rate-limit keys whose state is back to
+/// fresh, so the keyed stores hold only recently active AICs.
+async fn sweep_limits(gateway: Arc<Gateway>) {
+    loop {
+        let every = gateway.snapshot().config.ratelimit.sweep_interval;
+        tokio::time::sleep(every).await;
+        gateway.snapshot().limiter.sweep();
+    }
 }
 
 async fn serve_connection(

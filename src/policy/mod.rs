@@ -91,7 +91,7 @@ pub struct GlobalPolicy {
     /// Accepted `params.message.senderRole` values (empty: any).
     pub sender_roles: Vec<String>,
     /// AICs refused outright, as if their certificates were revoked.
-    pub blocked: HashSet<Aic>,
+    pub blocked: HashSet<Aic, ahash::RandomState>,
 }
 
 impl GlobalPolicy {

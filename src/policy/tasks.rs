@@ -8,9 +8,8 @@
 //! entry `policy.tasks.ttl` after it was last used. What a forgotten task means is the
 //! `policy.tasks.unknown` setting: forwarded as if new (default) or refused.
 
-use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
-use std::hash::BuildHasher;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -46,9 +45,27 @@ struct Entry {
     stamp: u64,
 }
 
+/// The map's keys are already (ahash) hashes of (Partner, taskId): hash them no further.
+#[derive(Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
 #[derive(Default)]
 struct Shard {
-    map: HashMap<u64, Entry>,
+    map: HashMap<u64, Entry, BuildHasherDefault<Prehashed>>,
     /// Insertion order: (hash, stamp); stale pairs are skipped.
     order: VecDeque<(u64, u64)>,
     next_stamp: u64,
@@ -57,7 +74,7 @@ struct Shard {
 /// The in-memory store.
 pub struct MemoryTaskOwners {
     shards: Vec<Mutex<Shard>>,
-    hasher: RandomState,
+    hasher: ahash::RandomState,
     per_shard: usize,
     ttl: Duration,
 }
@@ -67,7 +84,7 @@ impl MemoryTaskOwners {
     pub fn new(max_entries: usize, ttl: Duration) -> MemoryTaskOwners {
         MemoryTaskOwners {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            hasher: RandomState::new(),
+            hasher: ahash::RandomState::new(),
             per_shard: max_entries.div_ceil(SHARDS).max(1),
             ttl,
         }
@@ -75,7 +92,9 @@ impl MemoryTaskOwners {
 
     fn locate(&self, partner: &str, task: &str) -> (MutexGuard<'_, Shard>, u64) {
         let h = self.hasher.hash_one((partner, task));
-        let shard = self.shards[(h as usize) % SHARDS]
+        // Middle bits pick the shard: hashbrown uses the low bits (bucket) and the top
+        // seven (control byte), which must keep all their entropy within a shard.
+        let shard = self.shards[(h >> 32) as usize % SHARDS]
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         (shard, h)

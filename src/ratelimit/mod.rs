@@ -101,8 +101,8 @@ struct PartnerLimit<C: Clock> {
 pub struct GovernorLimiter<C: Clock + Clone = QuantaClock> {
     clock: C,
     default: Option<KeyedLimit<C>>,
-    overrides: HashMap<Aic, Direct<C>>,
-    partners: HashMap<String, PartnerLimit<C>>,
+    overrides: HashMap<Aic, Direct<C>, ahash::RandomState>,
+    partners: HashMap<String, PartnerLimit<C>, ahash::RandomState>,
     max_keys: usize,
 }
 

@@ -1,0 +1,91 @@
+//! The allowed path of the policy and limiter checks allocates nothing (issue 4's goal),
+//! counted by a global allocator in this test binary of its own.
+#![allow(unsafe_code, missing_docs)] // a counting global allocator needs `unsafe impl`
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use aipgw::config::Config;
+use aipgw::identity::Aic;
+use aipgw::jsonrpc::{Command, Method};
+use aipgw::policy::tasks::{check_task, MemoryTaskOwners, TaskOwners};
+use aipgw::ratelimit::{GovernorLimiter, Limiter};
+
+struct Counting;
+
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+#[test]
+fn allowed_path_does_not_allocate() {
+    let text = r#"
+[listener]
+bind = "127.0.0.1:1"
+cert = "c"
+key = "k"
+client_ca = ["ca"]
+[policy]
+blocked = ["10001000011K96TFZ2B9H9I1J85AUF77"]
+[ratelimit]
+rate = 1000000000
+burst = 1000000
+[[partner]]
+name = "p"
+prefix = "/p"
+upstreams = ["http://127.0.0.1:9"]
+[partner.access]
+allow = ["10001*"]
+deny = ["1000100002*"]
+[[partner.access.methods]]
+methods = ["notification/*"]
+allow = ["1000100001*"]
+[partner.limits]
+rate = 1000000000
+burst = 1000000
+per_aic_rate = 1000000000
+per_aic_burst = 1000000
+"#;
+    let cfg = Config::parse(text, std::path::Path::new("/")).unwrap();
+    let limiter = GovernorLimiter::new(&cfg.ratelimit.limiter);
+    let tasks = MemoryTaskOwners::new(1000, std::time::Duration::from_secs(60));
+    let aic = Aic::parse("10001000011K912345E789ABCDEF2353").unwrap();
+    let partner = &cfg.partners[0];
+    let check = || {
+        cfg.policy.check_blocked(&aic).unwrap();
+        cfg.policy.check_role(Some("leader")).unwrap();
+        partner.access.check(&aic, Method::Rpc, "p").unwrap();
+        limiter.check(&aic, Some("p")).unwrap();
+        check_task(
+            &tasks,
+            cfg.tasks.unknown,
+            "p",
+            &aic,
+            Method::Rpc,
+            Some(Command::Get),
+            Some("task-1"),
+            None,
+        )
+        .unwrap();
+    };
+    // The first request of an AIC and of a task stores them (allocating once).
+    tasks.claim("p", "task-1", &aic, None).unwrap();
+    check();
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    for _ in 0..10_000 {
+        check();
+    }
+    let after = ALLOCATIONS.load(Ordering::Relaxed);
+    assert_eq!(after - before, 0, "the allowed path allocated");
+}
