@@ -22,7 +22,7 @@ use governor::state::{InMemoryState, NotKeyed};
 use governor::{Quota, RateLimiter};
 
 use crate::identity::Aic;
-use store::CappedStore;
+use store::{CappedStore, SlotStore};
 
 /// A rate as configured: sustained requests per second and burst.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -62,7 +62,7 @@ pub trait Limiter: Send + Sync {
     fn tracked(&self) -> usize;
 }
 
-type Keyed<C> = RateLimiter<Aic, CappedStore<Aic>, C, NoOpMiddleware<<C as Clock>::Instant>>;
+type Keyed<C> = RateLimiter<Aic, SlotStore<Aic>, C, NoOpMiddleware<<C as Clock>::Instant>>;
 type Direct<C> = RateLimiter<NotKeyed, InMemoryState, C, NoOpMiddleware<<C as Clock>::Instant>>;
 
 /// A Partner's quotas.
@@ -83,13 +83,12 @@ pub struct LimiterConfig {
     pub overrides: HashMap<Aic, Rate>,
     /// Per-Partner quotas, by Partner name.
     pub partners: HashMap<String, PartnerRates>,
-    /// Keys tracked per keyed store at most.
+    /// AICs tracked at most (each with a slot per keyed quota).
     pub max_keys: usize,
 }
 
 struct KeyedLimit<C: Clock> {
     limiter: Keyed<C>,
-    store: CappedStore<Aic>,
 }
 
 struct PartnerLimit<C: Clock> {
@@ -100,6 +99,8 @@ struct PartnerLimit<C: Clock> {
 /// The in-memory limiter (governor GCRA).
 pub struct GovernorLimiter<C: Clock + Clone = QuantaClock> {
     clock: C,
+    /// One entry per AIC, a slot per keyed quota.
+    store: CappedStore<Aic>,
     default: Option<KeyedLimit<C>>,
     overrides: HashMap<Aic, Direct<C>, ahash::RandomState>,
     partners: HashMap<String, PartnerLimit<C>, ahash::RandomState>,
@@ -116,16 +117,25 @@ impl GovernorLimiter<QuantaClock> {
 impl<C: Clock + Clone> GovernorLimiter<C> {
     /// A limiter on the given clock (tests use governor's `FakeRelativeClock`).
     pub fn with_clock(cfg: &LimiterConfig, clock: C) -> Self {
-        let keyed = |r: Rate| {
-            let store = CappedStore::new();
+        let slots = usize::from(cfg.default.is_some())
+            + cfg
+                .partners
+                .values()
+                .filter(|p| p.per_aic.is_some())
+                .count();
+        let store = CappedStore::new(slots);
+        let mut next_slot = 0;
+        let mut keyed = |r: Rate| {
+            let slot = store.slot(next_slot);
+            next_slot += 1;
             KeyedLimit {
-                limiter: RateLimiter::new(r.quota(), store.clone(), clock.clone()),
-                store,
+                limiter: RateLimiter::new(r.quota(), slot, clock.clone()),
             }
         };
         let direct = |r: Rate| RateLimiter::direct_with_clock(r.quota(), clock.clone());
+        let default = cfg.default.map(&mut keyed);
         GovernorLimiter {
-            default: cfg.default.map(keyed),
+            default,
             overrides: cfg
                 .overrides
                 .iter()
@@ -139,13 +149,14 @@ impl<C: Clock + Clone> GovernorLimiter<C> {
                         name.clone(),
                         PartnerLimit {
                             total: p.total.map(direct),
-                            per_aic: p.per_aic.map(keyed),
+                            per_aic: p.per_aic.map(&mut keyed),
                         },
                     )
                 })
                 .collect(),
             max_keys: cfg.max_keys,
             clock,
+            store,
         }
     }
 
@@ -156,7 +167,7 @@ impl<C: Clock + Clone> GovernorLimiter<C> {
         reason: &'static str,
     ) -> Result<(), Refusal> {
         // A full store takes no new key (memory stays bounded); known keys go on.
-        if k.store.tracked() >= self.max_keys && !k.store.contains(aic) {
+        if self.store.tracked() >= self.max_keys && !self.store.contains(aic) {
             return Err(Refusal {
                 reason: "rate_limit_capacity",
                 retry_after: Duration::from_secs(1),
@@ -211,16 +222,7 @@ where
     }
 
     fn tracked(&self) -> usize {
-        self.default
-            .iter()
-            .map(|k| k.store.tracked())
-            .sum::<usize>()
-            + self
-                .partners
-                .values()
-                .filter_map(|p| p.per_aic.as_ref())
-                .map(|k| k.store.tracked())
-                .sum::<usize>()
+        self.store.tracked()
     }
 }
 
@@ -359,5 +361,49 @@ mod tests {
             l.check(&aic(99_999), None).is_ok(),
             "room again after the sweep"
         );
+    }
+
+    /// Two keyed quotas share one entry per AIC; a sweep frees it only when both are fresh.
+    #[test]
+    fn slots_share_an_entry_and_sweep_together() {
+        let mut partners = HashMap::new();
+        partners.insert(
+            "p".to_owned(),
+            PartnerRates {
+                total: None,
+                per_aic: Some(Rate {
+                    per_second: 1.0,
+                    burst: 1,
+                }),
+            },
+        );
+        let (l, clock) = limiter(LimiterConfig {
+            default: Some(Rate {
+                per_second: 100.0,
+                burst: 100,
+            }),
+            partners,
+            max_keys: 10,
+            ..Default::default()
+        });
+        let a = aic(1);
+        assert!(l.check(&a, Some("p")).is_ok());
+        assert_eq!(l.tracked(), 1, "one entry for both quotas");
+        assert_eq!(
+            l.check(&a, Some("p")).unwrap_err().reason,
+            "aic_partner_rate"
+        );
+        // The default quota (1 token per 10 ms) is fresh again long before the Partner's.
+        clock.advance(Duration::from_millis(100));
+        l.sweep();
+        assert_eq!(l.tracked(), 1, "the Partner quota still remembers the AIC");
+        assert_eq!(
+            l.check(&a, Some("p")).unwrap_err().reason,
+            "aic_partner_rate"
+        );
+        clock.advance(Duration::from_secs(2));
+        l.sweep();
+        assert_eq!(l.tracked(), 0);
+        assert!(l.check(&a, Some("p")).is_ok());
     }
 }

@@ -1,10 +1,16 @@
-//! A capped keyed state store for governor.
+//! A capped, slotted keyed state store for governor.
 //!
 //! governor's own keyed stores grow with every new key and cannot say whether a key is
-//! already tracked; this one (a `DashMap` of GCRA states, as governor's is) counts its
-//! keys, so the limiter can refuse *new* keys while the store is full instead of growing,
-//! and `retain_recent` sweeps keys whose state is back to fresh. Known keys are read
-//! without allocating.
+//! already tracked. This one (a `DashMap` of GCRA states, as governor's is) counts its
+//! keys, so the limiter refuses *new* keys while the store is full instead of growing,
+//! and sweeps keys whose state is back to fresh.
+//!
+//! One entry per AIC holds a slot for each keyed quota (the default per-AIC quota and each
+//! per-(AIC, Partner) quota); each governor limiter sees its own slot through a
+//! [`SlotStore`]. A request that passes two keyed quotas thus finds the second state in the
+//! cache line the first lookup just brought in, instead of missing in a second large map.
+//! A slot of 0 is a fresh state (GCRA treats a theoretical arrival time in the past as
+//! fresh). Known keys are read without allocating.
 
 use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -19,11 +25,12 @@ use governor::state::StateStore;
 struct Inner<K: Hash + Eq> {
     // ahash: a keyed hash several times cheaper than SipHash on a 32-byte AIC, and still
     // randomly seeded (keys come from certificates, i.e. from clients).
-    map: DashMap<K, AtomicU64, ahash::RandomState>,
+    map: DashMap<K, Box<[AtomicU64]>, ahash::RandomState>,
     len: AtomicUsize,
+    slots: usize,
 }
 
-/// The store; clones share the same map (the limiter owns one, the sweeper another).
+/// The shared map of keys to their slots.
 pub struct CappedStore<K: Hash + Eq>(Arc<Inner<K>>);
 
 impl<K: Hash + Eq> Clone for CappedStore<K> {
@@ -33,11 +40,12 @@ impl<K: Hash + Eq> Clone for CappedStore<K> {
 }
 
 impl<K: Hash + Eq + Clone> CappedStore<K> {
-    /// An empty store.
-    pub fn new() -> Self {
+    /// An empty store with `slots` states per key.
+    pub fn new(slots: usize) -> Self {
         CappedStore(Arc::new(Inner {
             map: DashMap::with_hasher(ahash::RandomState::new()),
             len: AtomicUsize::new(0),
+            slots: slots.max(1),
         }))
     }
 
@@ -50,26 +58,37 @@ impl<K: Hash + Eq + Clone> CappedStore<K> {
     pub fn contains(&self, key: &K) -> bool {
         self.0.map.contains_key(key)
     }
-}
 
-impl<K: Hash + Eq + Clone> Default for CappedStore<K> {
-    fn default() -> Self {
-        Self::new()
+    /// The view of one slot, for one governor limiter.
+    pub fn slot(&self, slot: usize) -> SlotStore<K> {
+        assert!(slot < self.0.slots, "slot {slot} of {}", self.0.slots);
+        SlotStore {
+            store: self.clone(),
+            slot,
+        }
     }
 }
 
-impl<K: Hash + Eq + Clone> StateStore for CappedStore<K> {
+/// One quota's view of a [`CappedStore`].
+pub struct SlotStore<K: Hash + Eq> {
+    store: CappedStore<K>,
+    slot: usize,
+}
+
+impl<K: Hash + Eq + Clone> StateStore for SlotStore<K> {
     type Key = K;
 
     fn measure_and_replace<T, F, E>(&self, key: &K, f: F) -> Result<T, E>
     where
         F: Fn(Option<Nanos>) -> Result<(T, Nanos), E>,
     {
+        let inner = &self.store.0;
         loop {
-            if let Some(cell) = self.0.map.get(key) {
+            if let Some(cells) = inner.map.get(key) {
+                let cell = &cells[self.slot];
                 let mut prev = cell.load(Ordering::Acquire);
                 loop {
-                    let (t, next) = f(Some(Nanos::from(prev)))?;
+                    let (t, next) = f((prev != 0).then(|| Nanos::from(prev)))?;
                     match cell.compare_exchange_weak(
                         prev,
                         next.as_u64(),
@@ -82,10 +101,13 @@ impl<K: Hash + Eq + Clone> StateStore for CappedStore<K> {
                 }
             }
             let (t, next) = f(None)?;
-            match self.0.map.entry(key.clone()) {
+            match inner.map.entry(key.clone()) {
                 Entry::Vacant(v) => {
-                    v.insert(AtomicU64::new(next.as_u64()));
-                    self.0.len.fetch_add(1, Ordering::AcqRel);
+                    let cells: Box<[AtomicU64]> =
+                        (0..inner.slots).map(|_| AtomicU64::new(0)).collect();
+                    cells[self.slot].store(next.as_u64(), Ordering::Release);
+                    v.insert(cells);
+                    inner.len.fetch_add(1, Ordering::AcqRel);
                     return Ok(t);
                 }
                 Entry::Occupied(_) => continue, // raced with another insert: measure again
@@ -94,27 +116,33 @@ impl<K: Hash + Eq + Clone> StateStore for CappedStore<K> {
     }
 }
 
-impl<K: Hash + Eq + Clone> ShrinkableKeyedStateStore<K> for CappedStore<K> {
+impl<K: Hash + Eq + Clone> ShrinkableKeyedStateStore<K> for SlotStore<K> {
+    /// Resets this slot where it is back to fresh; drops keys whose slots all are.
     fn retain_recent(&self, drop_below: Nanos) {
+        let inner = &self.store.0;
         let below = drop_below.as_u64();
-        self.0.map.retain(|_, v| {
-            let keep = v.load(Ordering::Acquire) >= below;
+        inner.map.retain(|_, cells| {
+            let cell = &cells[self.slot];
+            if cell.load(Ordering::Acquire) < below {
+                cell.store(0, Ordering::Release);
+            }
+            let keep = cells.iter().any(|c| c.load(Ordering::Acquire) != 0);
             if !keep {
-                self.0.len.fetch_sub(1, Ordering::AcqRel);
+                inner.len.fetch_sub(1, Ordering::AcqRel);
             }
             keep
         });
     }
 
     fn shrink_to_fit(&self) {
-        self.0.map.shrink_to_fit();
+        self.store.0.map.shrink_to_fit();
     }
 
     fn len(&self) -> usize {
-        self.tracked()
+        self.store.tracked()
     }
 
     fn is_empty(&self) -> bool {
-        self.tracked() == 0
+        self.store.tracked() == 0
     }
 }
