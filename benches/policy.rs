@@ -47,7 +47,7 @@ fn bench(c: &mut Criterion) {
         .unwrap();
     let _guard = rt.enter();
     let cfg = Config::parse(CONFIG, std::path::Path::new("/")).unwrap();
-    let limiter = GovernorLimiter::new(&cfg.ratelimit.limiter);
+    let limiter = GovernorLimiter::new(&cfg.ratelimit.limiter).unwrap();
     let tasks = MemoryTaskOwners::new(200_000, std::time::Duration::from_secs(3600));
     let aics: Vec<Aic> = (0..100_000u32)
         .map(|i| Aic::with_check_code(&format!("1000100001{i:020}")).unwrap())
@@ -78,7 +78,7 @@ fn bench(c: &mut Criterion) {
     )
     .unwrap();
     assert!(typical_cfg.partners[0].rates.per_aic.is_none());
-    let typical = GovernorLimiter::new(&typical_cfg.ratelimit.limiter);
+    let typical = GovernorLimiter::new(&typical_cfg.ratelimit.limiter).unwrap();
     for a in &aics {
         typical.check(a, Some("p")).unwrap();
     }

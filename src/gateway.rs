@@ -61,7 +61,7 @@ impl Snapshot {
         Ok(Snapshot {
             tls,
             router: Router::new(partners),
-            limiter: Arc::new(GovernorLimiter::new(&config.ratelimit.limiter)),
+            limiter: Arc::new(GovernorLimiter::new(&config.ratelimit.limiter)?),
             streams: config
                 .ratelimit
                 .max_streams_per_aic

@@ -58,7 +58,7 @@ per_aic_rate = 1000000000
 per_aic_burst = 1000000
 "#;
     let cfg = Config::parse(text, std::path::Path::new("/")).unwrap();
-    let limiter = GovernorLimiter::new(&cfg.ratelimit.limiter);
+    let limiter = GovernorLimiter::new(&cfg.ratelimit.limiter).unwrap();
     let tasks = MemoryTaskOwners::new(1000, std::time::Duration::from_secs(60));
     let aic = Aic::parse("10001000011K912345E789ABCDEF2353").unwrap();
     let partner = &cfg.partners[0];

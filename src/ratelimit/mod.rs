@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use governor::clock::{Clock, QuantaClock};
+use governor::clock::{Clock, QuantaUpkeepClock};
 use governor::middleware::NoOpMiddleware;
 use governor::state::{InMemoryState, NotKeyed};
 use governor::{Quota, RateLimiter};
@@ -97,7 +97,7 @@ struct PartnerLimit<C: Clock> {
 }
 
 /// The in-memory limiter (governor GCRA).
-pub struct GovernorLimiter<C: Clock + Clone = QuantaClock> {
+pub struct GovernorLimiter<C: Clock + Clone = QuantaUpkeepClock> {
     clock: C,
     /// One entry per AIC, a slot per keyed quota.
     store: CappedStore<Aic>,
@@ -107,10 +107,28 @@ pub struct GovernorLimiter<C: Clock + Clone = QuantaClock> {
     max_keys: usize,
 }
 
-impl GovernorLimiter<QuantaClock> {
-    /// A limiter on the real clock.
-    pub fn new(cfg: &LimiterConfig) -> Self {
-        Self::with_clock(cfg, QuantaClock::default())
+/// The process's one coarse clock for rate limiting: read from an atomic that a
+/// background thread refreshes every millisecond (quanta allows one such thread per
+/// process), so a check costs a load instead of a timestamp read. A millisecond of
+/// staleness is far below any quota's period.
+fn upkeep_clock() -> Result<QuantaUpkeepClock, String> {
+    static CLOCK: std::sync::OnceLock<Result<QuantaUpkeepClock, String>> =
+        std::sync::OnceLock::new();
+    CLOCK
+        .get_or_init(|| {
+            QuantaUpkeepClock::from_interval(Duration::from_millis(1))
+                .map_err(|e| format!("cannot start the rate-limit clock thread: {e}"))
+        })
+        .clone()
+}
+
+impl GovernorLimiter<QuantaUpkeepClock> {
+    /// A limiter on the real (coarse) clock.
+    pub fn new(cfg: &LimiterConfig) -> anyhow::Result<Self> {
+        Ok(Self::with_clock(
+            cfg,
+            upkeep_clock().map_err(anyhow::Error::msg)?,
+        ))
     }
 }
 
