@@ -9,9 +9,12 @@
 //! ```text
 //! server      accept (connection cap) -> TLS 1.3 handshake (timeout) -> identity::authenticate
 //!             (once per connection) -> HTTP/1.1 or HTTP/2 by ALPN
-//! proxy       per request: body::read (size + time bounded, one allocation)
-//!             -> jsonrpc::envelope::parse (borrowed) -> authentication verdict
-//!             -> routing::Router::route -> envelope semantics -> senderId binding
+//! proxy       per request: routing::Router::route (host + path)
+//!             -> ratelimit::Limiter::check (quotas, before the body is read)
+//!             -> body::read (size + time bounded, one allocation)
+//!             -> jsonrpc::envelope::parse (borrowed) -> authentication verdict + block list
+//!             -> envelope semantics -> senderId binding -> policy (role, access rules,
+//!             task ownership) -> concurrency permits (held until the response ends)
 //!             -> upstream::UpstreamPool::send (same Bytes) -> response streamed back
 //!             (`stream`: streams::handle records the SSE answer in the replay buffer and
 //!             the Leader follows the record; `re-stream` may be answered from it)
@@ -31,6 +34,8 @@
 //! - [`proxy`]: the per-request pipeline tying the above together.
 //! - [`streams`]: the `stream` method: buffered relay, `re-stream` served by the gateway.
 //! - [`sse`]: SSE splitting, event inspection, the replay buffer and the relay.
+//! - [`policy`]: who may call what: access rules, roles, block list, task ownership.
+//! - [`ratelimit`]: per-AIC and per-Partner quotas (governor), concurrency limits.
 //! - [`body`]: bounded request body reading.
 //! - [`error`]: the one error type and its mapping.
 //! - [`devcerts`]: development certificate generation (rcgen).
