@@ -3,7 +3,7 @@
 #![allow(unsafe_code, missing_docs)] // a counting global allocator needs `unsafe impl`
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::cell::Cell;
 
 use aipgw::config::Config;
 use aipgw::identity::Aic;
@@ -13,11 +13,20 @@ use aipgw::ratelimit::{GovernorLimiter, Limiter};
 
 struct Counting;
 
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    // Per thread: other threads (the test harness, the rate-limit clock's upkeep thread)
+    // may allocate at any time; what matters is the thread running the checks. A `const`
+    // thread-local needs no allocation of its own.
+    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+}
+
+fn allocations() -> usize {
+    ALLOCATIONS.with(Cell::get)
+}
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
         unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
@@ -82,10 +91,14 @@ per_aic_burst = 1000000
     // The first request of an AIC and of a task stores them (allocating once).
     tasks.claim("p", "task-1", &aic, None).unwrap();
     check();
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let before = allocations();
     for _ in 0..10_000 {
         check();
     }
-    let after = ALLOCATIONS.load(Ordering::Relaxed);
+    let after = allocations();
     assert_eq!(after - before, 0, "the allowed path allocated");
+    // The counter does see this thread's allocations.
+    let v = std::hint::black_box(vec![1u8; 64]);
+    assert_eq!(allocations(), after + 1);
+    drop(v);
 }

@@ -159,3 +159,23 @@ async fn non_post_and_chunked_bodies() {
     assert_eq!(r.headers()["allow"], "POST");
     assert!(partner.seen().is_empty());
 }
+
+#[tokio::test]
+async fn oversize_body_over_http2_gets_413() {
+    let pki = Pki::new();
+    let partner = TestPartner::start(Behaviour::Echo).await;
+    let gw = start_gateway(&pki.config(
+        "",
+        &format!(
+            "[limits]\nmax_body_bytes = 1024\n{}",
+            partner_block("p", "/p", &partner.url(), "")
+        ),
+    ))
+    .await;
+    let leader = Leader::new(&pki, Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))), true);
+    let body = format!("{{\"pad\":\"{}\"}}", "x".repeat(4000));
+    let r = leader.post(gw.addr, "/p/rpc", &body).await.unwrap();
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert_eq!(r.error(), (-32600, "body_too_large".into()));
+    assert!(partner.seen().is_empty());
+}
