@@ -43,6 +43,16 @@ pub enum Command {
         #[arg(long, default_value = "127.0.0.1:9021")]
         bind: String,
     },
+    /// Show the AIC(s) a certificate carries, their profile and check code, its validity,
+    /// issuer and fingerprint, and (with --config) whether the configured CAs and CRLs
+    /// accept it. Exit 0 if it would be accepted, 1 if not.
+    InspectCert {
+        /// PEM file (the first certificate; later ones are intermediates).
+        file: PathBuf,
+        /// Config whose CAs, CRLs and block list to check against.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
     /// Write development certificates (a CA, gateway, Leaders, Partner).
     DevCerts {
         /// Output folder.

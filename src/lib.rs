@@ -50,6 +50,7 @@ pub mod devcerts;
 pub mod error;
 pub mod gateway;
 pub mod identity;
+pub mod inspect;
 pub mod jsonrpc;
 pub mod policy;
 pub mod proxy;

@@ -1,4 +1,7 @@
 //! The `aipgw` binary: a thin shell over the library.
+//!
+//! Exit codes: 0 success; 1 a runtime failure, a failed `check`, or a certificate
+//! `inspect-cert` would reject; 64 (EX_USAGE) a usage or config error.
 
 use std::process::ExitCode;
 
@@ -8,8 +11,28 @@ use clap::Parser;
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
+const EX_USAGE: u8 = 64;
+
+/// A failure and the exit code it maps to.
+struct Failure(u8, anyhow::Error);
+
+fn usage(e: anyhow::Error) -> Failure {
+    Failure(EX_USAGE, e)
+}
+
+fn failed(e: anyhow::Error) -> Failure {
+    Failure(1, e)
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { EX_USAGE } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&cli.log))
         .unwrap_or_else(|_| EnvFilter::new("info"));
@@ -29,38 +52,68 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(dispatch(cli.command)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
+        Err(Failure(code, e)) => {
             eprintln!("aipgw: {e:#}");
-            ExitCode::FAILURE
+            ExitCode::from(code)
         }
     }
 }
 
-async fn dispatch(command: Command) -> anyhow::Result<()> {
+async fn dispatch(command: Command) -> Result<(), Failure> {
     match command {
         Command::Run { config } => {
-            let cfg = Config::load(&config)?;
+            let cfg = Config::load(&config).map_err(usage)?;
             let bind = cfg.listener.bind;
-            let gateway = aipgw::Gateway::new(cfg)?;
-            let listener = TcpListener::bind(bind).await?;
+            let gateway = aipgw::Gateway::new(cfg).map_err(usage)?;
+            let listener = TcpListener::bind(bind)
+                .await
+                .map_err(|e| failed(anyhow::anyhow!("cannot bind {bind}: {e}")))?;
             tracing::info!(%bind, "aipgw listening");
-            aipgw::server::run(listener, gateway, shutdown_signal()).await
+            aipgw::server::run(listener, gateway, shutdown_signal())
+                .await
+                .map_err(failed)
         }
         Command::Check { config } => {
-            let cfg = Config::load(&config)?;
-            aipgw::Gateway::new(cfg)?;
+            let cfg = Config::load(&config).map_err(failed)?;
+            aipgw::Gateway::new(cfg).map_err(failed)?;
             println!("{}: ok", config.display());
             Ok(())
         }
-        Command::Demo { config } => aipgw::demo::run(&config, shutdown_signal()).await,
+        Command::InspectCert { file, config } => {
+            let cfg = config
+                .as_deref()
+                .map(Config::load)
+                .transpose()
+                .map_err(usage)?;
+            let suffix = cfg
+                .as_ref()
+                .map_or("acps.pub".to_owned(), |c| c.aic_domain_suffix.clone());
+            let report = aipgw::inspect::inspect(&file, cfg.as_ref(), &suffix).map_err(usage)?;
+            print!("{}", report.text);
+            if report.accepted {
+                Ok(())
+            } else {
+                Err(failed(anyhow::anyhow!(
+                    "{}: would be rejected",
+                    file.display()
+                )))
+            }
+        }
+        Command::Demo { config } => aipgw::demo::run(&config, shutdown_signal())
+            .await
+            .map_err(usage),
         Command::DemoPartner { bind } => {
-            let listener = TcpListener::bind(&bind).await?;
+            let listener = TcpListener::bind(&bind)
+                .await
+                .map_err(|e| failed(anyhow::anyhow!("cannot bind {bind}: {e}")))?;
             eprintln!("demo Partner on http://{bind}");
             let partner = aipgw::demo::DemoPartner::new(Default::default());
-            Ok(aipgw::demo::partner::serve(listener, partner, shutdown_signal()).await?)
+            aipgw::demo::partner::serve(listener, partner, shutdown_signal())
+                .await
+                .map_err(|e| failed(e.into()))
         }
         Command::DevCerts { out } => {
-            aipgw::devcerts::write_dev_certs(&out)?;
+            aipgw::devcerts::write_dev_certs(&out).map_err(failed)?;
             println!("development certificates written to {}", out.display());
             Ok(())
         }

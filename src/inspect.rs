@@ -1,0 +1,98 @@
+//! `aipgw inspect-cert`: what the gateway would make of a certificate.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use rustls_pki_types::UnixTime;
+use x509_parser::prelude::{FromDer, X509Certificate};
+
+use crate::config::Config;
+use crate::identity::cert::{aic_claims, decide};
+use crate::identity::{sha256_hex, AicError, CredentialError};
+use crate::tls::pem;
+
+/// The report, and whether the certificate would be accepted (a valid AIC, and with a
+/// config, a chain its CAs and CRLs accept).
+pub struct Report {
+    /// Human-readable lines.
+    pub text: String,
+    /// The verdict.
+    pub accepted: bool,
+}
+
+/// Inspects the first certificate of a PEM file (later ones are taken as intermediates).
+pub fn inspect(cert_path: &Path, config: Option<&Config>, suffix: &str) -> anyhow::Result<Report> {
+    let certs = pem::load_certs(cert_path)?;
+    let der = &certs[0];
+    let (_, cert) = X509Certificate::from_der(der)
+        .map_err(|e| anyhow::anyhow!("{}: not an X.509 certificate: {e}", cert_path.display()))?;
+    let mut out = String::new();
+    let _ = writeln!(out, "certificate: {}", cert_path.display());
+    let _ = writeln!(out, "subject:     {}", cert.subject());
+    let _ = writeln!(out, "issuer:      {}", cert.issuer());
+    let v = cert.validity();
+    let _ = writeln!(out, "valid:       {} .. {}", v.not_before, v.not_after);
+    let _ = writeln!(out, "sha256:      {}", sha256_hex(der));
+    let claims = aic_claims(der, suffix)?;
+    if claims.is_empty() {
+        let _ = writeln!(out, "AIC claims:  none");
+    }
+    for c in &claims {
+        let verdict = match c.verdict {
+            Ok(_) => "valid, check code correct",
+            Err(AicError::CheckCode) => "WRONG CHECK CODE",
+            Err(AicError::Length) => "MALFORMED (not 32 characters)",
+            Err(AicError::Charset) => "MALFORMED (not 0-9A-Z)",
+        };
+        let _ = writeln!(
+            out,
+            "AIC claim:   {} in {} -- {verdict}",
+            c.text,
+            c.source.label()
+        );
+    }
+    let mut accepted = true;
+    match decide(&claims) {
+        Ok(aic) => {
+            let _ = writeln!(out, "AIC:         {aic}");
+        }
+        Err(e) => {
+            accepted = false;
+            let _ = writeln!(out, "AIC:         none ({}: {e})", e.reason());
+        }
+    }
+    match config {
+        None => {
+            let _ = writeln!(out, "chain:       not checked (no --config given)");
+        }
+        Some(cfg) => {
+            let verifier = crate::tls::server::client_chain_verifier(&cfg.listener)?;
+            match verifier.verify_client_cert(der, &certs[1..], UnixTime::now()) {
+                Ok(_) => {
+                    let _ = writeln!(out, "chain:       accepted by the configured CAs and CRLs");
+                }
+                Err(e) => {
+                    accepted = false;
+                    let reason = CredentialError::from_tls(&e);
+                    let _ = writeln!(out, "chain:       REJECTED ({}: {reason})", reason.reason());
+                }
+            }
+            if let Some(aic) = decide(&claims)
+                .ok()
+                .filter(|a| cfg.policy.blocked.contains(a))
+            {
+                accepted = false;
+                let _ = writeln!(out, "policy:      {aic} is on policy.blocked");
+            }
+        }
+    }
+    let _ = writeln!(
+        out,
+        "verdict:     {}",
+        if accepted { "ACCEPTED" } else { "REJECTED" }
+    );
+    Ok(Report {
+        text: out,
+        accepted,
+    })
+}

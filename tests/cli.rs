@@ -1,0 +1,115 @@
+//! The command line: exit codes and messages of `check`, `inspect-cert`, `run`, usage.
+#![allow(missing_docs)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use aipgw::devcerts::{CertSpec, DevCa};
+
+fn aipgw(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_aipgw"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn demo_config_in(dir: &Path, edit: impl Fn(String) -> String) -> PathBuf {
+    let certs = Path::new(env!("CARGO_MANIFEST_DIR")).join("certs");
+    let text =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("config/aipgw.toml"))
+            .unwrap()
+            .replace("../certs", &certs.display().to_string());
+    write(dir, "aipgw.toml", &edit(text))
+}
+
+#[test]
+fn check_good_and_bad_configs() {
+    let (code, out) = aipgw(&["check", "--config", "config/aipgw.toml"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("ok"), "{out}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad_key = demo_config_in(dir.path(), |t| {
+        t.replace("[limits]", "[limits]\nmax_bodyy = 3")
+    });
+    let (code, out) = aipgw(&["check", "--config", bad_key.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("max_bodyy"), "{out}");
+
+    let missing_cert = demo_config_in(dir.path(), |t| t.replace("gateway.pem", "nope.pem"));
+    let (code, out) = aipgw(&["check", "--config", missing_cert.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("nope.pem"), "{out}");
+
+    // `run` with a bad config is a usage error.
+    let (code, out) = aipgw(&["run", "--config", bad_key.to_str().unwrap()]);
+    assert_eq!(code, 64, "{out}");
+}
+
+#[test]
+fn inspect_cert_reports_and_judges() {
+    let (code, out) = aipgw(&[
+        "inspect-cert",
+        "certs/leader-v1.pem",
+        "--config",
+        "config/aipgw.toml",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    for want in [
+        "10001000011K912345E789ABCDEF2353",
+        "v1 profile",
+        "check code correct",
+        "sha256:",
+        "issuer:",
+        "valid:",
+        "accepted by the configured CAs",
+        "ACCEPTED",
+    ] {
+        assert!(out.contains(want), "{want}: {out}");
+    }
+    let (code, out) = aipgw(&["inspect-cert", "certs/leader-v2.pem"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("v2.1 profile"), "{out}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let other = DevCa::new("another CA").unwrap();
+    let bad = other
+        .issue(&CertSpec::leader_v2("10001000011K912345E789ABCDEF2354"))
+        .unwrap();
+    let path = write(dir.path(), "bad.pem", &bad.cert_pem);
+    let (code, out) = aipgw(&[
+        "inspect-cert",
+        path.to_str().unwrap(),
+        "--config",
+        "config/aipgw.toml",
+    ]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("WRONG CHECK CODE"), "{out}");
+    assert!(out.contains("unknown_issuer"), "{out}");
+    assert!(out.contains("REJECTED"), "{out}");
+
+    let (code, out) = aipgw(&["inspect-cert", "no/such/file.pem"]);
+    assert_eq!(code, 64, "{out}");
+}
+
+#[test]
+fn usage_errors_and_version() {
+    assert_eq!(aipgw(&["frobnicate"]).0, 64);
+    assert_eq!(aipgw(&["run"]).0, 64, "missing --config");
+    let (code, out) = aipgw(&["--version"]);
+    assert_eq!(code, 0);
+    assert!(out.contains(env!("CARGO_PKG_VERSION")), "{out}");
+}
