@@ -8,9 +8,10 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "aipgw", version, about)]
 pub struct Cli {
-    /// Log filter (tracing EnvFilter syntax); RUST_LOG overrides it.
-    #[arg(long, global = true, default_value = "info")]
-    pub log: String,
+    /// Log filter (tracing EnvFilter syntax), overriding the config's `[log] level`;
+    /// RUST_LOG overrides both.
+    #[arg(long, global = true)]
+    pub log: Option<String>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,

@@ -8,6 +8,7 @@ use anyhow::Context;
 use arc_swap::ArcSwap;
 
 use crate::config::Config;
+use crate::metrics::{CertLabels, Metrics};
 use crate::policy::tasks::{MemoryTaskOwners, TaskOwners};
 use crate::ratelimit::concurrency::{InFlight, StreamCounts};
 use crate::ratelimit::{GovernorLimiter, Limiter};
@@ -33,6 +34,8 @@ pub struct Snapshot {
     pub limiter: Arc<dyn Limiter>,
     /// Open streams per AIC, when limited.
     pub streams: Option<Arc<StreamCounts>>,
+    /// Metrics (shared like the replay buffer).
+    pub metrics: Arc<Metrics>,
 }
 
 /// State that outlives a config snapshot.
@@ -42,12 +45,15 @@ pub struct Stores {
     pub replay: Arc<dyn ReplayStore>,
     /// Task owners.
     pub tasks: Arc<dyn TaskOwners>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
 }
 
 impl Snapshot {
     /// Builds TLS settings, upstream pools and the router (reads certificate files).
     pub fn build(config: Config, stores: Stores) -> anyhow::Result<Snapshot> {
         let tls = tls::build_server(&config.listener, &config.aic_domain_suffix)?;
+        record_cert_expiry(&stores.metrics, &config);
         let mut partners = Vec::with_capacity(config.partners.len());
         for p in &config.partners {
             let pool = UpstreamPool::new(p, &config.upstream, &config.aic_domain_suffix)
@@ -68,6 +74,7 @@ impl Snapshot {
                 .map(|n| Arc::new(StreamCounts::new(n))),
             replay: stores.replay,
             tasks: stores.tasks,
+            metrics: stores.metrics,
             config: Arc::new(config),
         })
     }
@@ -76,6 +83,7 @@ impl Snapshot {
 /// The running gateway's shared state.
 pub struct Gateway {
     current: ArcSwap<Snapshot>,
+    ready: std::sync::atomic::AtomicBool,
 }
 
 impl Gateway {
@@ -87,14 +95,62 @@ impl Gateway {
                 config.tasks.max_entries,
                 config.tasks.ttl,
             )),
+            metrics: Arc::new(Metrics::new()),
         };
         Ok(Arc::new(Gateway {
             current: ArcSwap::from_pointee(Snapshot::build(config, stores)?),
+            ready: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
     /// The current snapshot.
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.current.load_full()
+    }
+
+    /// Ready: the listener accepts and the config is loaded (false while draining).
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Set by the server when it starts accepting and when it starts draining.
+    pub fn set_ready(&self, ready: bool) {
+        self.ready
+            .store(ready, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// Sets `certificate_expiry_timestamp_seconds` for every certificate the config loads.
+fn record_cert_expiry(metrics: &Metrics, config: &Config) {
+    let mut files: Vec<(&'static str, String, &std::path::Path)> =
+        vec![("server", "listener.cert".into(), &config.listener.cert)];
+    for p in &config.listener.client_ca {
+        files.push(("client_ca", "listener.client_ca".into(), p));
+    }
+    for p in &config.partners {
+        if let Some(t) = &p.tls {
+            files.push(("partner_ca", format!("partner {}", p.name), &t.ca));
+            if let Some((cert, _)) = &t.client_cert {
+                files.push(("partner_client", format!("partner {}", p.name), cert));
+            }
+        }
+    }
+    for (kind, source, path) in files {
+        let Ok(certs) = tls::pem::load_certs(path) else {
+            continue;
+        };
+        for der in certs {
+            use x509_parser::prelude::{FromDer, X509Certificate};
+            if let Ok((_, cert)) = X509Certificate::from_der(&der) {
+                metrics
+                    .cert_expiry
+                    .get_or_create(&CertLabels {
+                        kind,
+                        source: source.clone(),
+                        subject: cert.subject().to_string(),
+                    })
+                    .set(cert.validity().not_after.timestamp());
+            }
+        }
     }
 }

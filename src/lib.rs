@@ -42,6 +42,7 @@
 //! - [`demo`]: a demo Partner implementing the AIP task state machine.
 //! - [`cli`]: the command line.
 
+pub mod admin;
 pub mod body;
 pub mod cli;
 pub mod config;
@@ -52,6 +53,7 @@ pub mod gateway;
 pub mod identity;
 pub mod inspect;
 pub mod jsonrpc;
+pub mod metrics;
 pub mod policy;
 pub mod proxy;
 pub mod ratelimit;
@@ -60,6 +62,7 @@ pub mod server;
 pub mod sse;
 pub mod streams;
 pub mod tls;
+pub mod trace;
 pub mod upstream;
 
 pub use error::GatewayError;

@@ -33,13 +33,26 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(&cli.log))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    // `run` and `demo` log as their config says; a bad config is reported before that.
+    let config = match &cli.command {
+        Command::Run { config } | Command::Demo { config } => match Config::load(config) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                eprintln!("aipgw: {e:#}");
+                return ExitCode::from(EX_USAGE);
+            }
+        },
+        _ => None,
+    };
+    let level = cli
+        .log
+        .clone()
+        .or_else(|| config.as_ref().map(|c| c.log_level.clone()))
+        .unwrap_or_else(|| "info".to_owned());
+    let json = config
+        .as_ref()
+        .is_some_and(|c| c.log_format == aipgw::config::raw::LogFormat::Json);
+    init_tracing(&level, json);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -50,7 +63,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(dispatch(cli.command)) {
+    match runtime.block_on(dispatch(cli.command, config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure(code, e)) => {
             eprintln!("aipgw: {e:#}");
@@ -59,19 +72,59 @@ fn main() -> ExitCode {
     }
 }
 
-async fn dispatch(command: Command) -> Result<(), Failure> {
+fn init_tracing(level: &str, json: bool) {
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(level))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().flatten_event(true).init();
+    } else {
+        builder.init();
+    }
+}
+
+/// Serves the admin listener, if configured, until the returned handle is aborted.
+async fn start_admin(
+    cfg_bind: Option<std::net::SocketAddr>,
+    gateway: &std::sync::Arc<aipgw::Gateway>,
+) -> Result<Option<tokio::task::JoinHandle<()>>, Failure> {
+    let Some(bind) = cfg_bind else {
+        return Ok(None);
+    };
+    let listener = TcpListener::bind(bind).await.map_err(|e| {
+        failed(anyhow::anyhow!(
+            "cannot bind the admin listener {bind}: {e}"
+        ))
+    })?;
+    tracing::info!(%bind, "admin listener: /healthz /readyz /metrics");
+    Ok(Some(tokio::spawn(aipgw::admin::run(
+        listener,
+        gateway.clone(),
+        std::future::pending(),
+    ))))
+}
+
+async fn dispatch(command: Command, config: Option<Config>) -> Result<(), Failure> {
     match command {
-        Command::Run { config } => {
-            let cfg = Config::load(&config).map_err(usage)?;
-            let bind = cfg.listener.bind;
+        Command::Run { .. } => {
+            let cfg = config.ok_or_else(|| usage(anyhow::anyhow!("no config")))?;
+            let (bind, admin_bind) = (cfg.listener.bind, cfg.admin_bind);
             let gateway = aipgw::Gateway::new(cfg).map_err(usage)?;
             let listener = TcpListener::bind(bind)
                 .await
                 .map_err(|e| failed(anyhow::anyhow!("cannot bind {bind}: {e}")))?;
+            let admin = start_admin(admin_bind, &gateway).await?;
             tracing::info!(%bind, "aipgw listening");
-            aipgw::server::run(listener, gateway, shutdown_signal())
+            let result = aipgw::server::run(listener, gateway, shutdown_signal())
                 .await
-                .map_err(failed)
+                .map_err(failed);
+            if let Some(a) = admin {
+                a.abort();
+            }
+            result
         }
         Command::Check { config } => {
             let cfg = Config::load(&config).map_err(failed)?;
@@ -99,7 +152,7 @@ async fn dispatch(command: Command) -> Result<(), Failure> {
                 )))
             }
         }
-        Command::Demo { config } => aipgw::demo::run(&config, shutdown_signal())
+        Command::Demo { config: path } => aipgw::demo::run(&path, shutdown_signal())
             .await
             .map_err(usage),
         Command::DemoPartner { bind } => {

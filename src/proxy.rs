@@ -56,16 +56,49 @@ pub struct ConnInfo {
 
 type Failure = (GatewayError, RpcId);
 
+/// What the access log and the request metrics say of a request; filled along the
+/// pipeline, written when the response body ends. Never message contents or tokens.
+#[derive(Debug, Default)]
+pub struct RequestLog {
+    /// The Partner, once routed.
+    pub partner: Option<String>,
+    /// The JSON-RPC method, once validated.
+    pub method: Option<Method>,
+    /// `params.message.command`.
+    pub command: Option<Command>,
+    /// The task.
+    pub task_id: Option<String>,
+    /// The session.
+    pub session_id: Option<String>,
+    /// The JSON-RPC error code the gateway answered with.
+    pub code: Option<i32>,
+    /// Its reason.
+    pub reason: Option<&'static str>,
+    /// Request body bytes.
+    pub bytes_in: u64,
+    /// Time to the Partner's response headers.
+    pub upstream: Option<Duration>,
+    /// `x-request-id` (the client's, or made here).
+    pub request_id: Option<String>,
+    /// The W3C trace id.
+    pub trace_id: Option<String>,
+}
+
 /// Handles one request; never fails (errors become JSON-RPC error responses).
 pub async fn handle(
     req: Request<Incoming>,
     conn: &ConnInfo,
     snap: &Snapshot,
+    log: &mut RequestLog,
 ) -> Response<ResponseBody> {
-    match pipeline(req, conn, snap).await {
+    match pipeline(req, conn, snap, log).await {
         Ok(resp) => resp,
         Err((err, id)) => {
             tracing::debug!(peer = %conn.peer, reason = err.reason(), error = %err, "request refused");
+            let (_, code, reason) = err.classify();
+            log.code = Some(code);
+            log.reason = Some(reason);
+            snap.metrics.refusal(&err, log.partner.as_deref());
             err.into_response(&id).map(full)
         }
     }
@@ -84,6 +117,7 @@ async fn pipeline(
     req: Request<Incoming>,
     conn: &ConnInfo,
     snap: &Snapshot,
+    log: &mut RequestLog,
 ) -> Result<Response<ResponseBody>, Failure> {
     let cfg = &snap.config;
     let (parts, body) = req.into_parts();
@@ -97,6 +131,7 @@ async fn pipeline(
         .and_then(|v| v.parse::<u64>().ok());
     let host = request_host(&parts.uri, &parts.headers, conn.sni.as_deref());
     let route: Option<Route> = snap.router.route(host.as_deref(), parts.uri.path());
+    log.partner = route.as_ref().map(|r| r.partner.config.name.clone());
 
     // Quotas first, before the body is read: the AIC is known from the connection.
     if let ConnAuth::Verified(ident) = &conn.auth {
@@ -116,6 +151,7 @@ async fn pipeline(
         Ok(Err(BodyError::Read)) => return Err((GatewayError::BodyRead, RpcId::null())),
         Ok(Ok(b)) => b,
     };
+    log.bytes_in = body.len() as u64;
 
     let parsed = jsonrpc::parse(&body);
     let raw_id = match &parsed {
@@ -138,6 +174,14 @@ async fn pipeline(
 
     let envelope = with_id(parsed.validate().map_err(GatewayError::from), &id)?;
     let method = envelope.method;
+    log.method = Some(method);
+    log.command = envelope.message.as_ref().and_then(|m| m.command);
+    log.task_id = envelope.task_id.as_deref().map(str::to_owned);
+    log.session_id = envelope
+        .message
+        .as_ref()
+        .and_then(|m| m.session_id.as_deref())
+        .map(str::to_owned);
     if let Some(path_method) = route.path_method {
         if path_method != method {
             let body_method = method.name().to_owned();
@@ -227,11 +271,12 @@ async fn pipeline(
         _ => None,
     };
 
-    let upstream = upstream_request(
-        body,
-        partner.pool.target(partner.path_for(method)),
-        upstream_headers(&parts.headers, &identity, conn.peer),
-    );
+    let mut headers = upstream_headers(&parts.headers, &identity, conn.peer);
+    let (trace_id, request_id) = crate::trace::ensure(&mut headers);
+    log.trace_id = Some(trace_id);
+    log.request_id = Some(request_id);
+    let upstream = upstream_request(body, partner.pool.target(partner.path_for(method)), headers);
+    let started = tokio::time::Instant::now();
     let resp = match stream_req {
         Some(stream_req) => {
             let r =
@@ -240,16 +285,20 @@ async fn pipeline(
         }
         None => relay_response(with_id(partner.pool.send(upstream).await, &id)?),
     };
+    log.upstream = Some(started.elapsed());
     Ok(match (in_flight, stream_permit) {
         (None, None) => resp,
-        permits => resp.map(|b| {
-            Held {
-                body: b,
-                _permits: permits,
-            }
-            .boxed_unsync()
-        }),
+        permits => resp.map(|b| hold(b, permits)),
     })
+}
+
+/// A response body that keeps `guard` alive until the body ends (permits, counters).
+pub fn hold<G: Send + Unpin + 'static>(body: ResponseBody, guard: G) -> ResponseBody {
+    Held {
+        body,
+        _guard: guard,
+    }
+    .boxed_unsync()
 }
 
 /// A quota refusal. The body is read to echo the request id only when it is small
@@ -284,16 +333,13 @@ async fn refused(
     (err, id)
 }
 
-/// A response body holding concurrency permits until it ends.
-struct Held {
+/// A response body holding a guard until it ends.
+struct Held<G> {
     body: ResponseBody,
-    _permits: (
-        Option<tokio::sync::OwnedSemaphorePermit>,
-        Option<crate::ratelimit::concurrency::StreamPermit>,
-    ),
+    _guard: G,
 }
 
-impl http_body::Body for Held {
+impl<G: Send + Unpin + 'static> http_body::Body for Held<G> {
     type Data = Bytes;
     type Error = BoxError;
     fn poll_frame(

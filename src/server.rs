@@ -27,7 +27,21 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::gateway::{Gateway, Snapshot};
 use crate::identity::{self, ConnAuth};
-use crate::proxy::{self, BoxError, ConnInfo, ResponseBody};
+use crate::metrics::ReasonLabels;
+use crate::proxy::{self, BoxError, ConnInfo, RequestLog, ResponseBody};
+
+/// Runs `f` when dropped.
+fn scopeguard<F: FnOnce()>(f: F) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    Guard(Some(f))
+}
 
 /// Serves until `shutdown` completes, then stops accepting, asks every connection to
 /// finish its in-flight requests, and waits for them up to `listener.drain_timeout`.
@@ -42,6 +56,7 @@ pub async fn run(
     let permits = Arc::new(Semaphore::new(max));
     let (drain_tx, drain_rx) = watch::channel(false);
     let sweeper = tokio::spawn(sweep_limits(gateway.clone()));
+    gateway.set_ready(true);
     tokio::pin!(shutdown);
     loop {
         // Waiting for a permit before accepting leaves excess clients in the kernel's
@@ -65,6 +80,7 @@ pub async fn run(
         let snap = gateway.snapshot();
         tokio::spawn(serve_connection(tcp, peer, snap, drain_rx.clone(), permit));
     }
+    gateway.set_ready(false);
     drop(listener);
     sweeper.abort();
     let _ = drain_tx.send(true);
@@ -97,16 +113,27 @@ async fn serve_connection(
     _permit: OwnedSemaphorePermit,
 ) {
     let l = &snap.config.listener;
+    let metrics = snap.metrics.clone();
+    metrics.open_connections.inc();
+    let _open = scopeguard(|| {
+        metrics.open_connections.dec();
+    });
     let _ = tcp.set_nodelay(true);
     let acceptor = TlsAcceptor::from(snap.tls.config.clone());
     let tls = match tokio::time::timeout(l.handshake_timeout, acceptor.accept(tcp)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            let reason = ReasonLabels {
+                reason: "tls_error",
+            };
+            snap.metrics.handshake_failures.get_or_create(&reason).inc();
             return;
         }
         Err(_) => {
             tracing::debug!(%peer, "TLS handshake timed out");
+            let reason = ReasonLabels { reason: "timeout" };
+            snap.metrics.handshake_failures.get_or_create(&reason).inc();
             return;
         }
     };
@@ -118,8 +145,17 @@ async fn serve_connection(
         &snap.config.aic_domain_suffix,
         UnixTime::now(),
     );
-    if let ConnAuth::Rejected(e) = &auth {
-        tracing::info!(%peer, reason = e.reason(), "client certificate rejected");
+    let failure = match &auth {
+        ConnAuth::Rejected(e) => {
+            tracing::info!(%peer, reason = e.reason(), "client certificate rejected");
+            Some(e.reason())
+        }
+        ConnAuth::Missing => Some("no_client_certificate"),
+        ConnAuth::Verified(_) => None,
+    };
+    if let Some(reason) = failure {
+        let labels = ReasonLabels { reason };
+        snap.metrics.identity_failures.get_or_create(&labels).inc();
     }
     let h2 = session.alpn_protocol() == Some(b"h2".as_slice());
     let conn = Arc::new(ConnInfo {
@@ -136,9 +172,22 @@ async fn serve_connection(
             let conn = conn.clone();
             let snap = snap.clone();
             async move {
-                let resp = proxy::handle(req, &conn, &snap).await;
+                let started = Instant::now();
+                let mut log = RequestLog::default();
+                let resp = proxy::handle(req, &conn, &snap, &mut log).await;
+                let status = resp.status().as_u16();
+                let access = AccessLog {
+                    log,
+                    conn: conn.clone(),
+                    metrics: snap.metrics.clone(),
+                    started,
+                    status,
+                    bytes_out: 0,
+                    events: 0,
+                };
                 Ok::<_, Infallible>(resp.map(|body| Tracked {
                     body,
+                    access,
                     _guard: guard,
                 }))
             }
@@ -256,10 +305,78 @@ impl Drop for ActivityGuard {
     }
 }
 
-/// A response body that holds its request's [`ActivityGuard`].
+/// A response body that holds its request's [`ActivityGuard`], counts what it sends,
+/// and writes the access log line and the request metrics when it ends (so a stream's
+/// line has its whole duration, events and bytes).
 struct Tracked {
     body: ResponseBody,
+    access: AccessLog,
     _guard: ActivityGuard,
+}
+
+struct AccessLog {
+    log: RequestLog,
+    conn: Arc<ConnInfo>,
+    metrics: Arc<crate::metrics::Metrics>,
+    started: Instant,
+    status: u16,
+    bytes_out: u64,
+    events: u64,
+}
+
+impl Drop for AccessLog {
+    fn drop(&mut self) {
+        let l = &self.log;
+        let total = self.started.elapsed();
+        let partner = l.partner.as_deref().unwrap_or("");
+        let method = l.method.map_or("", |m| m.name());
+        let aic = match &self.conn.auth {
+            ConnAuth::Verified(i) => i.aic.as_str().to_owned(),
+            _ => String::new(),
+        };
+        tracing::info!(
+            target: "aipgw::access",
+            peer = %self.conn.peer,
+            aic = %aic,
+            partner,
+            method,
+            command = l.command.map_or("", |c| c.name()),
+            task_id = l.task_id.as_deref().unwrap_or(""),
+            session_id = l.session_id.as_deref().unwrap_or(""),
+            status = self.status,
+            code = l.code.unwrap_or(0),
+            reason = l.reason.unwrap_or(""),
+            bytes_in = l.bytes_in,
+            bytes_out = self.bytes_out,
+            events = self.events,
+            upstream_ms = l.upstream.map_or(0.0, |d| d.as_secs_f64() * 1000.0),
+            total_ms = total.as_secs_f64() * 1000.0,
+            request_id = l.request_id.as_deref().unwrap_or(""),
+            trace_id = l.trace_id.as_deref().unwrap_or(""),
+            "request"
+        );
+        let m = &self.metrics;
+        m.requests
+            .get_or_create(&crate::metrics::RequestLabels {
+                partner: partner.to_owned(),
+                method,
+                status: self.status,
+                code: l.code.unwrap_or(0),
+            })
+            .inc();
+        let route = crate::metrics::RouteLabels {
+            partner: partner.to_owned(),
+            method,
+        };
+        m.request_seconds
+            .get_or_create(&route)
+            .observe(total.as_secs_f64());
+        if let Some(up) = l.upstream {
+            m.upstream_seconds
+                .get_or_create(&route)
+                .observe(up.as_secs_f64());
+        }
+    }
 }
 
 impl Body for Tracked {
@@ -269,7 +386,17 @@ impl Body for Tracked {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
+            if let Some(data) = frame.data_ref() {
+                self.access.bytes_out += data.len() as u64;
+                // An SSE event (not a comment) ends a frame with a blank line.
+                if data.ends_with(b"\n\n") && !data.starts_with(b":") {
+                    self.access.events += 1;
+                }
+            }
+        }
+        polled
     }
     fn is_end_stream(&self) -> bool {
         self.body.is_end_stream()

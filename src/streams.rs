@@ -91,6 +91,9 @@ pub async fn handle(
             tracing::debug!(task = %key.task_id, "re-stream needs evicted events: forwarding");
         }
     }
+    if req.command == Command::ReStream {
+        restreamed(snap, "partner");
+    }
     let resp = partner.pool.send(upstream).await?;
     let is_sse = resp.status() == StatusCode::OK
         && resp
@@ -116,7 +119,25 @@ pub async fn handle(
         settings.keepalive_interval,
     );
     tokio::spawn(record_upstream(resp.into_body(), record, settings));
-    Ok(sse_response(body))
+    Ok(sse_response(counted(snap, body)))
+}
+
+fn restreamed(snap: &Snapshot, served_by: &'static str) {
+    let labels = crate::metrics::ServedByLabels { served_by };
+    snap.metrics.restreams.get_or_create(&labels).inc();
+}
+
+/// Counts the stream in `open_streams` while its body lives.
+fn counted(snap: &Snapshot, body: ResponseBody) -> ResponseBody {
+    struct Open(prometheus_client::metrics::gauge::Gauge);
+    impl Drop for Open {
+        fn drop(&mut self) {
+            self.0.dec();
+        }
+    }
+    let gauge = snap.metrics.open_streams.clone();
+    gauge.inc();
+    crate::proxy::hold(body, Open(gauge))
 }
 
 fn sse_response(body: ResponseBody) -> Response<ResponseBody> {

@@ -42,6 +42,12 @@ pub struct Config {
     pub tasks: TaskPolicy,
     /// Rate limit settings.
     pub ratelimit: RateLimitSettings,
+    /// The admin listener's address (`None`: off).
+    pub admin_bind: Option<SocketAddr>,
+    /// Log filter.
+    pub log_level: String,
+    /// Log format.
+    pub log_format: raw::LogFormat,
     /// The Partners, in file order.
     pub partners: Vec<PartnerConfig>,
 }
@@ -338,6 +344,15 @@ impl Config {
                 max_streams: raw.replay.max_streams,
                 retention: raw.replay.retention,
             },
+            admin_bind: match raw.admin.bind.as_str() {
+                "" => None,
+                b => Some(
+                    b.parse()
+                        .with_context(|| format!("admin.bind: {b:?} is not an address:port"))?,
+                ),
+            },
+            log_level: raw.log.level.clone(),
+            log_format: raw.log.format,
             policy,
             tasks,
             ratelimit: RateLimitSettings {

@@ -36,6 +36,12 @@ pub struct RawConfig {
     /// Per-AIC rate limits.
     #[serde(default)]
     pub ratelimit: RawRateLimit,
+    /// The admin listener.
+    #[serde(default)]
+    pub admin: RawAdmin,
+    /// Logging.
+    #[serde(default)]
+    pub log: RawLog,
     /// The Partners.
     #[serde(default, rename = "partner")]
     pub partners: Vec<RawPartner>,
@@ -506,4 +512,61 @@ fn default_max_body() -> usize {
 }
 fn default_pool_idle() -> usize {
     64
+}
+
+/// `[admin]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdmin {
+    /// Plain-HTTP address of `/healthz`, `/readyz`, `/metrics`; `""` turns it off.
+    #[serde(default = "default_admin_bind")]
+    pub bind: String,
+}
+
+impl Default for RawAdmin {
+    fn default() -> Self {
+        RawAdmin {
+            bind: default_admin_bind(),
+        }
+    }
+}
+
+fn default_admin_bind() -> String {
+    "127.0.0.1:9901".to_owned()
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Pretty,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `[log]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLog {
+    /// A tracing filter (`info`, `aipgw=debug`, ...); `RUST_LOG` overrides it.
+    #[serde(default = "default_log_level")]
+    pub level: String,
+    /// `pretty` or `json`.
+    #[serde(default)]
+    pub format: LogFormat,
+}
+
+impl Default for RawLog {
+    fn default() -> Self {
+        RawLog {
+            level: default_log_level(),
+            format: LogFormat::Pretty,
+        }
+    }
+}
+
+fn default_log_level() -> String {
+    "info".to_owned()
 }

@@ -32,7 +32,22 @@ pub async fn run(
         .await
         .with_context(|| format!("cannot bind the demo Partner to {partner_addr}"))?;
     let bind = config.listener.bind;
+    let admin_bind = config.admin_bind;
     let gateway = Gateway::new(config)?;
+    let admin = match admin_bind {
+        Some(a) => {
+            let l = TcpListener::bind(a)
+                .await
+                .with_context(|| format!("cannot bind the admin listener to {a}"))?;
+            eprintln!("admin listener on http://{a} (/healthz /readyz /metrics)");
+            Some(tokio::spawn(crate::admin::run(
+                l,
+                gateway.clone(),
+                std::future::pending(),
+            )))
+        }
+        None => None,
+    };
     let listener = TcpListener::bind(bind)
         .await
         .with_context(|| format!("cannot bind the gateway to {bind}"))?;
@@ -48,6 +63,9 @@ pub async fn run(
     eprintln!("demo Partner on http://{partner_addr}; gateway on https://{bind} (Ctrl-C to stop)");
     eprintln!("try the curl calls in README.md");
     crate::server::run(listener, gateway, shutdown).await?;
+    if let Some(a) = admin {
+        a.abort();
+    }
     let _ = stop_tx.send(true);
     let _ = demo.await;
     Ok(())

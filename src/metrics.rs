@@ -1,0 +1,290 @@
+//! Prometheus metrics (prometheus-client), served by the admin listener at `/metrics`.
+//!
+//! Counters are updated where things happen; the replay buffer's figures are read from
+//! the store when the page is scraped. Labels are bounded: Partner names come from the
+//! config, methods and reasons are fixed sets, status and code are small numbers.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::sse::replay::ReplayStats;
+
+/// Labels of a finished request.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// Partner name (`""` when none matched).
+    pub partner: String,
+    /// JSON-RPC method (`""` when unknown).
+    pub method: &'static str,
+    /// HTTP status.
+    pub status: u16,
+    /// JSON-RPC error code made by the gateway (`0`: none).
+    pub code: i32,
+}
+
+/// Labels of a latency histogram.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    /// Partner name.
+    pub partner: String,
+    /// JSON-RPC method.
+    pub method: &'static str,
+}
+
+/// One reason label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// Short reason.
+    pub reason: &'static str,
+}
+
+/// A Partner and a reason.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PartnerReasonLabels {
+    /// Partner name.
+    pub partner: String,
+    /// Short reason.
+    pub reason: &'static str,
+}
+
+/// Who answered a re-stream.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ServedByLabels {
+    /// `gateway` (from the buffer) or `partner` (forwarded).
+    pub served_by: &'static str,
+}
+
+/// A config reload's outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// `ok` or `failed`.
+    pub result: &'static str,
+}
+
+/// A loaded certificate.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CertLabels {
+    /// `server`, `client_ca`, `partner_ca`, `partner_client`.
+    pub kind: &'static str,
+    /// Where it was loaded from (a config path; a Partner's name for its certificates).
+    pub source: String,
+    /// Its subject.
+    pub subject: String,
+}
+
+/// Every metric of the gateway.
+pub struct Metrics {
+    registry: Registry,
+    /// Finished requests.
+    pub requests: Family<RequestLabels, Counter>,
+    /// Whole request time, until the response body ended.
+    pub request_seconds: Family<RouteLabels, Histogram>,
+    /// Time to the Partner's response headers.
+    pub upstream_seconds: Family<RouteLabels, Histogram>,
+    /// Open client connections.
+    pub open_connections: Gauge,
+    /// TLS handshakes that failed or timed out.
+    pub handshake_failures: Family<ReasonLabels, Counter>,
+    /// Connections whose certificate gave no identity.
+    pub identity_failures: Family<ReasonLabels, Counter>,
+    /// Requests refused by policy (-32009 and blocked AICs).
+    pub policy_refusals: Family<ReasonLabels, Counter>,
+    /// Requests refused by quotas and concurrency limits.
+    pub rate_limit_refusals: Family<ReasonLabels, Counter>,
+    /// Streams being followed by a Leader.
+    pub open_streams: Gauge,
+    /// Re-streams, by who answered.
+    pub restreams: Family<ServedByLabels, Counter>,
+    /// Partner failures (502/504).
+    pub upstream_errors: Family<PartnerReasonLabels, Counter>,
+    /// Config reloads.
+    pub config_reloads: Family<ResultLabels, Counter>,
+    /// Expiry (Unix seconds) of every loaded certificate.
+    pub cert_expiry: Family<CertLabels, Gauge>,
+    replay_bytes: Gauge,
+    replay_events: Gauge,
+    replay_streams: Gauge,
+    replay_evicted_events: Gauge,
+    replay_evicted_streams: Gauge,
+}
+
+fn latency() -> Histogram {
+    // 100 µs .. ~52 s
+    Histogram::new(exponential_buckets(0.0001, 2.0, 20))
+}
+
+impl Metrics {
+    /// All metrics, registered under the `aipgw` prefix.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("aipgw");
+        let m = Metrics {
+            requests: Family::default(),
+            request_seconds: Family::new_with_constructor(latency),
+            upstream_seconds: Family::new_with_constructor(latency),
+            open_connections: Gauge::default(),
+            handshake_failures: Family::default(),
+            identity_failures: Family::default(),
+            policy_refusals: Family::default(),
+            rate_limit_refusals: Family::default(),
+            open_streams: Gauge::default(),
+            restreams: Family::default(),
+            upstream_errors: Family::default(),
+            config_reloads: Family::default(),
+            cert_expiry: Family::default(),
+            replay_bytes: Gauge::default(),
+            replay_events: Gauge::default(),
+            replay_streams: Gauge::default(),
+            replay_evicted_events: Gauge::default(),
+            replay_evicted_streams: Gauge::default(),
+            registry: Registry::default(),
+        };
+        let r = &mut registry;
+        r.register(
+            "requests",
+            "Finished requests by Partner, method, HTTP status and gateway JSON-RPC error code",
+            m.requests.clone(),
+        );
+        r.register(
+            "request_duration_seconds",
+            "Request time until the response body ended",
+            m.request_seconds.clone(),
+        );
+        r.register(
+            "upstream_duration_seconds",
+            "Time to the Partner's response headers",
+            m.upstream_seconds.clone(),
+        );
+        r.register(
+            "open_connections",
+            "Open client connections",
+            m.open_connections.clone(),
+        );
+        r.register(
+            "tls_handshake_failures",
+            "TLS handshakes that failed or timed out",
+            m.handshake_failures.clone(),
+        );
+        r.register(
+            "identity_failures",
+            "Connections whose certificate gave no identity, by reason",
+            m.identity_failures.clone(),
+        );
+        r.register(
+            "policy_refusals",
+            "Requests refused by policy, by reason",
+            m.policy_refusals.clone(),
+        );
+        r.register(
+            "rate_limit_refusals",
+            "Requests refused by quotas or concurrency limits, by reason",
+            m.rate_limit_refusals.clone(),
+        );
+        r.register(
+            "open_streams",
+            "SSE streams being followed by a Leader",
+            m.open_streams.clone(),
+        );
+        r.register(
+            "restreams",
+            "Re-streams, by who answered them",
+            m.restreams.clone(),
+        );
+        r.register(
+            "upstream_errors",
+            "Partner failures by Partner and reason",
+            m.upstream_errors.clone(),
+        );
+        r.register(
+            "config_reloads",
+            "Config reloads by result",
+            m.config_reloads.clone(),
+        );
+        r.register(
+            "certificate_expiry_timestamp_seconds",
+            "notAfter of every loaded certificate",
+            m.cert_expiry.clone(),
+        );
+        r.register(
+            "replay_buffer_bytes",
+            "Bytes of buffered SSE events",
+            m.replay_bytes.clone(),
+        );
+        r.register(
+            "replay_buffer_events",
+            "Buffered SSE events",
+            m.replay_events.clone(),
+        );
+        r.register(
+            "replay_buffer_streams",
+            "Streams in the replay buffer",
+            m.replay_streams.clone(),
+        );
+        r.register(
+            "replay_buffer_evicted_events",
+            "Events evicted from streams that stayed (total)",
+            m.replay_evicted_events.clone(),
+        );
+        r.register(
+            "replay_buffer_evicted_streams",
+            "Streams evicted from the replay buffer (total)",
+            m.replay_evicted_streams.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// The metrics page, with the replay buffer's figures as of now.
+    pub fn render(&self, replay: ReplayStats) -> String {
+        let g = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.replay_bytes.set(g(replay.bytes as u64));
+        self.replay_events.set(g(replay.events as u64));
+        self.replay_streams.set(g(replay.streams as u64));
+        self.replay_evicted_events.set(g(replay.evicted_events));
+        self.replay_evicted_streams.set(g(replay.evicted_streams));
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.push_str("# encoding failed\n");
+        }
+        out
+    }
+
+    /// Counts a refused request under its family.
+    pub fn refusal(&self, err: &crate::error::GatewayError, partner: Option<&str>) {
+        use crate::error::GatewayError as E;
+        let reason = err.reason();
+        match err {
+            E::Forbidden { .. }
+            | E::InvalidCredential(crate::identity::CredentialError::Blocked) => {
+                self.policy_refusals
+                    .get_or_create(&ReasonLabels { reason })
+                    .inc();
+            }
+            E::RateLimited { .. } => {
+                self.rate_limit_refusals
+                    .get_or_create(&ReasonLabels { reason })
+                    .inc();
+            }
+            E::UpstreamUnavailable { .. }
+            | E::UpstreamTls { .. }
+            | E::UpstreamTimeout { .. }
+            | E::UpstreamProtocol { .. } => {
+                self.upstream_errors
+                    .get_or_create(&PartnerReasonLabels {
+                        partner: partner.unwrap_or_default().to_owned(),
+                        reason,
+                    })
+                    .inc();
+            }
+            _ => {}
+        }
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
