@@ -103,6 +103,7 @@ fn relay(c: &mut Criterion) {
         detach_timeout: Duration::from_secs(60),
         max_event_bytes: 1 << 24,
     };
+    let closing = tokio::sync::watch::channel(false).0;
     let mut g = c.benchmark_group("relay");
     const N: u64 = 1000;
     let mut chunks: Vec<Bytes> = (1..N).map(|i| Bytes::from(event(i, 200))).collect();
@@ -120,6 +121,7 @@ fn relay(c: &mut Criterion) {
                 rec.first_cursor(),
                 RpcId::null(),
                 Duration::from_secs(15),
+                closing.subscribe(),
             );
             let frames = futures_util::stream::iter(
                 chunks
@@ -158,6 +160,7 @@ fn relay(c: &mut Criterion) {
                 rec.cursor_after(None).unwrap(),
                 id.clone(),
                 Duration::from_secs(15),
+                closing.subscribe(),
             );
             rt.block_on(async { black_box(body.collect().await.unwrap().to_bytes().len()) })
         })

@@ -36,6 +36,8 @@ pub struct Snapshot {
     pub streams: Option<Arc<StreamCounts>>,
     /// Metrics (shared like the replay buffer).
     pub metrics: Arc<Metrics>,
+    /// Raised when the drain deadline passes (see [`Stores::closing`]).
+    pub closing: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 /// State that outlives a config snapshot.
@@ -47,6 +49,8 @@ pub struct Stores {
     pub tasks: Arc<dyn TaskOwners>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
+    /// Raised when the drain deadline passes: open streams send a final event and close.
+    pub closing: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl Snapshot {
@@ -75,6 +79,7 @@ impl Snapshot {
             replay: stores.replay,
             tasks: stores.tasks,
             metrics: stores.metrics,
+            closing: stores.closing,
             config: Arc::new(config),
         })
     }
@@ -96,6 +101,7 @@ impl Gateway {
                 config.tasks.ttl,
             )),
             metrics: Arc::new(Metrics::new()),
+            closing: Arc::new(tokio::sync::watch::channel(false).0),
         };
         Ok(Arc::new(Gateway {
             current: ArcSwap::from_pointee(Snapshot::build(config, stores)?),

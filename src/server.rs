@@ -85,12 +85,21 @@ pub async fn run(
     sweeper.abort();
     let _ = drain_tx.send(true);
     // Every connection holds a permit: all of them back means all connections ended.
+    // In-flight requests finish within `drain_timeout`; streams still open then get a
+    // final event (the `closing` signal) and a second to deliver it.
     let all = u32::try_from(max).unwrap_or(u32::MAX);
     if tokio::time::timeout(drain_timeout, permits.acquire_many(all))
         .await
         .is_err()
     {
-        tracing::warn!("drain timeout: closing remaining connections");
+        tracing::warn!("drain timeout: ending open streams");
+        gateway.snapshot().closing.send_replace(true);
+        if tokio::time::timeout(Duration::from_secs(1), permits.acquire_many(all))
+            .await
+            .is_err()
+        {
+            tracing::warn!("closing the remaining connections");
+        }
     }
     Ok(())
 }

@@ -81,12 +81,10 @@ pub async fn handle(
             }
             if let Ok(cursor) = record.cursor_after(req.last_event_seq) {
                 tracing::debug!(task = %key.task_id, after = ?req.last_event_seq, "re-stream served from the buffer");
-                return Ok(sse_response(follow(
-                    record,
-                    cursor,
-                    id,
-                    settings.keepalive_interval,
-                )));
+                restreamed(snap, "gateway");
+                let closing = snap.closing.subscribe();
+                let body = follow(record, cursor, id, settings.keepalive_interval, closing);
+                return Ok(sse_response(counted(snap, body)));
             }
             tracing::debug!(task = %key.task_id, "re-stream needs evicted events: forwarding");
         }
@@ -117,6 +115,7 @@ pub async fn handle(
         record.first_cursor(),
         id,
         settings.keepalive_interval,
+        snap.closing.subscribe(),
     );
     tokio::spawn(record_upstream(resp.into_body(), record, settings));
     Ok(sse_response(counted(snap, body)))

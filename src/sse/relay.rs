@@ -118,6 +118,8 @@ fn append_all(record: &dyn StreamRecord, events: &mut Vec<RawEvent>) -> bool {
 }
 
 struct Follower {
+    /// The gateway's shutdown signal (`None` once its sender is gone).
+    closing: Option<tokio::sync::watch::Receiver<bool>>,
     record: Arc<dyn StreamRecord>,
     cursor: Cursor,
     id: RpcId,
@@ -133,14 +135,17 @@ struct Follower {
 /// A response body following `record` from `cursor`. Every event gets an `id: <eventSeq>`
 /// line, and its JSON-RPC id is replaced by `id` when they differ (spliced into the
 /// event's own bytes, never re-serialized). An abnormal end or an eviction gap becomes a
-/// final JSON-RPC error event.
+/// final JSON-RPC error event, and so does `closing` turning true (a shutdown whose drain
+/// time is over).
 pub fn follow(
     record: Arc<dyn StreamRecord>,
     cursor: Cursor,
     id: RpcId,
     keepalive: Duration,
+    closing: tokio::sync::watch::Receiver<bool>,
 ) -> ResponseBody {
     let state = Follower {
+        closing: Some(closing),
         changes: record.changes(),
         _guard: record.clone().follow(),
         record,
@@ -189,7 +194,19 @@ pub fn follow(
             if !st.queue.is_empty() || st.done {
                 continue;
             }
+            if st.closing.as_ref().is_some_and(|c| *c.borrow()) {
+                // The gateway is shutting down and the drain time is over.
+                let ev = st.error_event("shutting_down", None);
+                st.queue.push_back(ev);
+                st.done = true;
+                continue;
+            }
             tokio::select! {
+                r = closing_changed(&mut st.closing) => {
+                    if r.is_err() {
+                        st.closing = None; // no shutdown signal any more
+                    }
+                }
                 r = st.changes.changed() => {
                     if r.is_err() {
                         st.done = true;
@@ -202,6 +219,15 @@ pub fn follow(
         }
     });
     StreamBody::new(Box::pin(frames)).boxed_unsync()
+}
+
+async fn closing_changed(
+    c: &mut Option<tokio::sync::watch::Receiver<bool>>,
+) -> Result<(), tokio::sync::watch::error::RecvError> {
+    match c {
+        Some(c) => c.changed().await,
+        None => std::future::pending().await,
+    }
 }
 
 impl Follower {
@@ -244,6 +270,12 @@ mod tests {
     use crate::sse::memory::{MemoryStore, ReplayLimits};
     use crate::sse::replay::{ReplayStore, StreamKey, StreamMeta};
     use std::convert::Infallible;
+
+    fn never_closing() -> tokio::sync::watch::Receiver<bool> {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        std::mem::forget(tx); // kept open for the test's lifetime
+        rx
+    }
 
     fn settings() -> StreamSettings {
         StreamSettings {
@@ -307,6 +339,7 @@ mod tests {
             rec.first_cursor(),
             RpcId::null(),
             Duration::from_secs(15),
+            never_closing(),
         );
         let t0 = Instant::now();
         assert_eq!(next_text(&mut body).await, ": keep-alive\n\n");
@@ -390,6 +423,7 @@ mod tests {
             rec.first_cursor(),
             RpcId::null(),
             Duration::from_secs(15),
+            never_closing(),
         );
         let big: &'static [u8] = Box::leak(vec![b'x'; 2000].into_boxed_slice());
         record_upstream(

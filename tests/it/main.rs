@@ -5,6 +5,7 @@ mod auth;
 mod demo;
 mod envelope;
 mod forward;
+mod ops;
 mod policy;
 mod streams;
 mod support;

@@ -83,10 +83,42 @@ response_timeout = "5s"
     }
 }
 
-/// A running gateway on a free loopback port; stopped on drop.
+/// A running gateway (and its admin listener) on free loopback ports; stopped on drop.
 pub struct TestGateway {
     pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub gateway: Arc<Gateway>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    server: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl TestGateway {
+    /// Starts the graceful shutdown; the handle completes when the server has drained.
+    pub fn shutdown(&mut self) -> tokio::task::JoinHandle<anyhow::Result<()>> {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        self.server.take().expect("shut down once")
+    }
+
+    /// GETs a path on the admin listener: (status, body).
+    pub async fn admin_get(&self, path: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut tcp = TcpStream::connect(self.admin).await.unwrap();
+        tcp.write_all(
+            format!("GET {path} HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        tcp.read_to_string(&mut out).await.unwrap();
+        let status = out[9..12].parse().unwrap();
+        let body = out
+            .split_once("\r\n\r\n")
+            .map(|x| x.1.to_owned())
+            .unwrap_or_default();
+        (status, body)
+    }
 }
 
 impl Drop for TestGateway {
@@ -102,13 +134,23 @@ pub async fn start_gateway(config_text: &str) -> TestGateway {
     let gateway = Gateway::new(config).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let admin_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = admin_listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(aipgw::server::run(listener, gateway, async move {
+    let server = tokio::spawn(aipgw::server::run(listener, gateway.clone(), async move {
         let _ = rx.await;
     }));
+    tokio::spawn(aipgw::admin::run(
+        admin_listener,
+        gateway.clone(),
+        std::future::pending(),
+    ));
     TestGateway {
         addr,
+        admin,
+        gateway,
         stop: Some(tx),
+        server: Some(server),
     }
 }
 
@@ -131,6 +173,8 @@ pub enum Behaviour {
     Fixed(&'static str),
     /// Never answers (until the test ends).
     Hang,
+    /// Answers like `Echo` after a pause.
+    Delay(Duration),
 }
 
 /// A Partner that records what reaches it.
@@ -234,6 +278,10 @@ async fn serve_partner<I>(
                 Behaviour::Hang => {
                     std::future::pending::<()>().await;
                     unreachable!()
+                }
+                Behaviour::Delay(d) => {
+                    tokio::time::sleep(d).await;
+                    r#"{"jsonrpc":"2.0","id":"p","result":{"late":true}}"#.to_owned()
                 }
             };
             let mut r = Response::new(Full::new(Bytes::from(text)));
