@@ -13,8 +13,9 @@ FROM debian:bookworm-slim
 RUN useradd --system --uid 10001 --no-create-home aipgw
 COPY --from=build /src/target/release/aipgw /usr/local/bin/aipgw
 USER 10001
-# 8443: the TLS listener (listener.bind must be 0.0.0.0:8443 in the mounted config).
-EXPOSE 8443
+# 8443: the TLS listener; 9901: the admin listener (/healthz, /readyz, /metrics).
+# The mounted config must bind them on 0.0.0.0 (listener.bind, admin.bind).
+EXPOSE 8443 9901
 VOLUME ["/etc/aipgw"]
 ENTRYPOINT ["/usr/local/bin/aipgw"]
 CMD ["run", "--config", "/etc/aipgw/aipgw.toml"]

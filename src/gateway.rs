@@ -114,6 +114,29 @@ impl Gateway {
         self.current.load_full()
     }
 
+    /// Replaces the configuration: a new snapshot (TLS settings for new handshakes,
+    /// Partners, policies, limits) built beside the old one and swapped in at once; open
+    /// connections and streams keep the snapshot they started with. The replay buffer,
+    /// task owners and metrics carry over; quota state starts afresh. On error the old
+    /// snapshot stays.
+    pub fn replace(&self, config: Config) -> anyhow::Result<()> {
+        let old = self.snapshot();
+        let stores = Stores {
+            replay: old.replay.clone(),
+            tasks: old.tasks.clone(),
+            metrics: old.metrics.clone(),
+            closing: old.closing.clone(),
+        };
+        let built = Snapshot::build(config, stores);
+        let result = if built.is_ok() { "ok" } else { "failed" };
+        old.metrics
+            .config_reloads
+            .get_or_create(&crate::metrics::ResultLabels { result })
+            .inc();
+        self.current.store(Arc::new(built?));
+        Ok(())
+    }
+
     /// Ready: the listener accepts and the config is loaded (false while draining).
     pub fn is_ready(&self) -> bool {
         self.ready.load(std::sync::atomic::Ordering::Acquire)

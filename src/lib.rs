@@ -57,6 +57,7 @@ pub mod metrics;
 pub mod policy;
 pub mod proxy;
 pub mod ratelimit;
+pub mod reload;
 pub mod routing;
 pub mod server;
 pub mod sse;

@@ -112,17 +112,25 @@ async fn dispatch(command: Command, config: Option<Config>) -> Result<(), Failur
         Command::Run { .. } => {
             let cfg = config.ok_or_else(|| usage(anyhow::anyhow!("no config")))?;
             let (bind, admin_bind) = (cfg.listener.bind, cfg.admin_bind);
+            let reload = cfg
+                .source
+                .clone()
+                .map(|p| (p, cfg.reload_watch, cfg.reload_debounce));
             let gateway = aipgw::Gateway::new(cfg).map_err(usage)?;
             let listener = TcpListener::bind(bind)
                 .await
                 .map_err(|e| failed(anyhow::anyhow!("cannot bind {bind}: {e}")))?;
             let admin = start_admin(admin_bind, &gateway).await?;
+            // SIGHUP always reloads; file changes too unless `reload.watch = false`.
+            let watcher = reload.map(|(path, watch, debounce)| {
+                aipgw::reload::spawn(gateway.clone(), path, debounce, watch)
+            });
             tracing::info!(%bind, "aipgw listening");
             let result = aipgw::server::run(listener, gateway, shutdown_signal())
                 .await
                 .map_err(failed);
-            if let Some(a) = admin {
-                a.abort();
+            for task in admin.into_iter().chain(watcher) {
+                task.abort();
             }
             result
         }

@@ -113,3 +113,65 @@ fn usage_errors_and_version() {
     assert_eq!(code, 0);
     assert!(out.contains(env!("CARGO_PKG_VERSION")), "{out}");
 }
+
+/// The real binary: SIGHUP reloads the config; SIGTERM drains and exits 0.
+#[cfg(unix)]
+#[test]
+fn sighup_reloads_and_sigterm_exits_zero() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::{Duration, Instant};
+
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+    };
+    let (main, admin) = (free(), free());
+    let dir = tempfile::tempdir().unwrap();
+    let config = demo_config_in(dir.path(), |t| {
+        t.replace("127.0.0.1:8443", &main.to_string())
+            + &format!("\n[admin]\nbind = \"{admin}\"\n[reload]\nwatch = false\n")
+    });
+    let mut child = Command::new(env!("CARGO_BIN_EXE_aipgw"))
+        .args(["run", "--config", config.to_str().unwrap()])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let get = |path: &str| -> Option<String> {
+        let mut s = TcpStream::connect(admin).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        Some(out)
+    };
+    let wait_for = |what: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !what() {
+            assert!(Instant::now() < deadline, "timed out");
+            std::thread::yield_now();
+        }
+    };
+    wait_for(&|| get("/readyz").is_some_and(|r| r.starts_with("HTTP/1.1 200")));
+    let kill = |sig: &str| {
+        let ok = Command::new("kill")
+            .args([sig, &child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig}");
+    };
+    kill("-HUP");
+    wait_for(&|| {
+        get("/metrics").is_some_and(|m| m.contains("aipgw_config_reloads_total{result=\"ok\"} 1"))
+    });
+    kill("-TERM");
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+}

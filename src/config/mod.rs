@@ -48,6 +48,10 @@ pub struct Config {
     pub log_level: String,
     /// Log format.
     pub log_format: raw::LogFormat,
+    /// Watch files for hot reload.
+    pub reload_watch: bool,
+    /// Reload debounce.
+    pub reload_debounce: Duration,
     /// The Partners, in file order.
     pub partners: Vec<PartnerConfig>,
 }
@@ -352,6 +356,8 @@ impl Config {
                 ),
             },
             log_level: raw.log.level.clone(),
+            reload_watch: raw.reload.watch,
+            reload_debounce: raw.reload.debounce,
             log_format: raw.log.format,
             policy,
             tasks,

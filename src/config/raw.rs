@@ -42,6 +42,9 @@ pub struct RawConfig {
     /// Logging.
     #[serde(default)]
     pub log: RawLog,
+    /// Hot reload.
+    #[serde(default)]
+    pub reload: RawReload,
     /// The Partners.
     #[serde(default, rename = "partner")]
     pub partners: Vec<RawPartner>,
@@ -569,4 +572,32 @@ impl Default for RawLog {
 
 fn default_log_level() -> String {
     "info".to_owned()
+}
+
+/// `[reload]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawReload {
+    /// Reload when the config, certificate, key or CRL files change.
+    #[serde(default = "yes")]
+    pub watch: bool,
+    /// Quiet time after a change before reloading.
+    #[serde(default = "d500ms", with = "humantime_serde")]
+    pub debounce: Duration,
+}
+
+impl Default for RawReload {
+    fn default() -> Self {
+        RawReload {
+            watch: true,
+            debounce: d500ms(),
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+fn d500ms() -> Duration {
+    Duration::from_millis(500)
 }

@@ -7,6 +7,7 @@ mod envelope;
 mod forward;
 mod ops;
 mod policy;
+mod reload;
 mod streams;
 mod support;
 mod timeouts;

@@ -120,28 +120,44 @@ impl std::io::Write for Capture {
 }
 
 impl Capture {
+    /// This test's access lines (its Partners are named `logged-*`; other tests log too).
     fn access_lines(&self) -> Vec<serde_json::Value> {
         String::from_utf8_lossy(&self.0.lock().unwrap())
             .lines()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
             .filter(|v| v["target"] == "aipgw::access")
+            .filter(|v| {
+                v["partner"]
+                    .as_str()
+                    .is_some_and(|p| p.starts_with("logged-"))
+            })
             .collect()
     }
 }
 
+/// One global subscriber for this test binary, capturing access-log events as JSON. (A
+/// thread-scoped `set_default` misses events when other tests on other threads hit the
+/// same callsite first: tracing caches callsite interest process-wide.)
+fn capture() -> &'static Capture {
+    static CAPTURE: std::sync::OnceLock<Capture> = std::sync::OnceLock::new();
+    CAPTURE.get_or_init(|| {
+        let capture = Capture::default();
+        let writer = capture.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .flatten_event(true)
+            .with_target(true)
+            .with_writer(move || writer.clone())
+            .with_env_filter(tracing_subscriber::EnvFilter::new("aipgw::access=info"))
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("no other global subscriber");
+        capture
+    })
+}
+
 #[tokio::test]
 async fn access_log_lines_have_the_fields_and_no_secrets() {
-    let capture = Capture::default();
-    let writer = capture.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .json()
-        .flatten_event(true)
-        .with_target(true)
-        .with_writer(move || writer.clone())
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    // The test runtime has one thread, which runs the gateway's tasks too.
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let capture = capture();
 
     let pki = Pki::new();
     let echo = TestPartner::start(Behaviour::Echo).await;
@@ -150,8 +166,8 @@ async fn access_log_lines_have_the_fields_and_no_secrets() {
         &pki.config(
             "",
             &[
-                partner_block("p", "/p", &echo.url(), ""),
-                partner_block("s", "/s", &sse.url(), ""),
+                partner_block("logged-p", "/p", &echo.url(), ""),
+                partner_block("logged-s", "/s", &sse.url(), ""),
             ]
             .concat(),
         ),
@@ -195,7 +211,7 @@ async fn access_log_lines_have_the_fields_and_no_secrets() {
     while within(10, stream.next_event()).await.is_some() {}
     drop(stream);
 
-    let lines = within(10, async {
+    let lines = tokio::time::timeout(std::time::Duration::from_secs(10), async {
         loop {
             let l = capture.access_lines();
             if l.len() >= 3 {
@@ -204,7 +220,16 @@ async fn access_log_lines_have_the_fields_and_no_secrets() {
             tokio::task::yield_now().await;
         }
     })
-    .await;
+    .await
+    .unwrap_or_else(|_| {
+        let all = String::from_utf8_lossy(&capture.0.lock().unwrap()).into_owned();
+        panic!(
+            "access lines: {:?}\nall captured: {} bytes: {:.2000}",
+            capture.access_lines(),
+            all.len(),
+            all
+        )
+    });
     let by_method = |m: &str| {
         lines
             .iter()
@@ -241,7 +266,7 @@ async fn access_log_lines_have_the_fields_and_no_secrets() {
             rpc["command"].as_str(),
             rpc["task_id"].as_str()
         ),
-        (Some("p"), Some("start"), Some("task-9"))
+        (Some("logged-p"), Some("start"), Some("task-9"))
     );
     assert_eq!(rpc["status"], 200);
     assert_eq!(rpc["trace_id"].as_str().unwrap().len(), 32);
@@ -257,7 +282,7 @@ async fn access_log_lines_have_the_fields_and_no_secrets() {
     assert_eq!(stream["events"], 3);
     assert!(stream["bytes_out"].as_u64().unwrap() > 300);
 
-    let all = String::from_utf8_lossy(&capture.0.lock().unwrap()).into_owned();
+    let all = serde_json::to_string(&lines).unwrap();
     assert!(!all.contains("secret-token-xyz"), "a token was logged");
     assert!(!all.contains("hello"), "message text was logged");
 }

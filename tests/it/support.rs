@@ -87,7 +87,6 @@ response_timeout = "5s"
 pub struct TestGateway {
     pub addr: SocketAddr,
     pub admin: SocketAddr,
-    pub gateway: Arc<Gateway>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     server: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
 }
@@ -131,7 +130,22 @@ impl Drop for TestGateway {
 
 pub async fn start_gateway(config_text: &str) -> TestGateway {
     let config = Config::parse(config_text, std::path::Path::new("/")).unwrap();
-    let gateway = Gateway::new(config).unwrap();
+    serve(Gateway::new(config).unwrap()).await
+}
+
+/// A gateway from a config file, reloading it when its files change (debounce 100 ms).
+pub async fn start_gateway_from_file(path: &std::path::Path) -> TestGateway {
+    let gateway = Gateway::new(Config::load(path).unwrap()).unwrap();
+    aipgw::reload::spawn(
+        gateway.clone(),
+        path.to_path_buf(),
+        Duration::from_millis(100),
+        true,
+    );
+    serve(gateway).await
+}
+
+async fn serve(gateway: Arc<Gateway>) -> TestGateway {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let admin_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -148,7 +162,6 @@ pub async fn start_gateway(config_text: &str) -> TestGateway {
     TestGateway {
         addr,
         admin,
-        gateway,
         stop: Some(tx),
         server: Some(server),
     }
