@@ -12,33 +12,8 @@ use aipgw::policy::tasks::{check_task, MemoryTaskOwners, TaskOwners};
 use aipgw::ratelimit::{GovernorLimiter, Limiter};
 use criterion::{criterion_group, criterion_main, Criterion};
 
-const CONFIG: &str = r#"
-[listener]
-bind = "127.0.0.1:1"
-cert = "c"
-key = "k"
-client_ca = ["ca"]
-[policy]
-blocked = ["10001000011K96TFZ2B9H9I1J85AUF77"]
-[ratelimit]
-rate = 1000000000
-burst = 1000000
-[[partner]]
-name = "p"
-prefix = "/p"
-upstreams = ["http://127.0.0.1:9"]
-[partner.access]
-allow = ["10001*", "10002*"]
-deny = ["1000100002*", "10001000011K94ZH3VDXLP4S5EB63614"]
-[[partner.access.methods]]
-methods = ["notification/*", "group"]
-allow = ["1000100001*"]
-[partner.limits]
-rate = 1000000000
-burst = 1000000
-per_aic_rate = 1000000000
-per_aic_burst = 1000000
-"#;
+/// Every check and quota on at once (shared with tests/alloc.rs).
+const CONFIG: &str = include_str!("../tests/data/policy.toml");
 
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()

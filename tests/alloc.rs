@@ -39,33 +39,7 @@ static GLOBAL: Counting = Counting;
 
 #[test]
 fn allowed_path_does_not_allocate() {
-    let text = r#"
-[listener]
-bind = "127.0.0.1:1"
-cert = "c"
-key = "k"
-client_ca = ["ca"]
-[policy]
-blocked = ["10001000011K96TFZ2B9H9I1J85AUF77"]
-[ratelimit]
-rate = 1000000000
-burst = 1000000
-[[partner]]
-name = "p"
-prefix = "/p"
-upstreams = ["http://127.0.0.1:9"]
-[partner.access]
-allow = ["10001*"]
-deny = ["1000100002*"]
-[[partner.access.methods]]
-methods = ["notification/*"]
-allow = ["1000100001*"]
-[partner.limits]
-rate = 1000000000
-burst = 1000000
-per_aic_rate = 1000000000
-per_aic_burst = 1000000
-"#;
+    let text = include_str!("data/policy.toml"); // every check and quota on
     let cfg = Config::parse(text, std::path::Path::new("/")).unwrap();
     let limiter = GovernorLimiter::new(&cfg.ratelimit.limiter).unwrap();
     let tasks = MemoryTaskOwners::new(1000, std::time::Duration::from_secs(60));

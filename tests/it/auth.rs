@@ -155,11 +155,7 @@ async fn sender_id_must_be_the_callers_aic() {
     let pki = Pki::new();
     let partner = TestPartner::start(Behaviour::Echo).await;
     let gw = start_gateway(&pki.config("", &partner_block("p", "/p", &partner.url(), ""))).await;
-    let leader = Leader::new(
-        &pki,
-        Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))),
-        false,
-    );
+    let leader = pki.leader(LEADER_A, false);
     let r = leader
         .post(gw.addr, "/p/rpc", &rpc_start("99", LEADER_B, "t"))
         .await

@@ -18,11 +18,7 @@ async fn bad_requests_get_their_codes_and_the_id_echoed() {
         ),
     ))
     .await;
-    let leader = Leader::new(
-        &pki,
-        Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))),
-        false,
-    );
+    let leader = pki.leader(LEADER_A, false);
     let big_id = "12345678901234567890123";
     let good = rpc_start(big_id, LEADER_A, "t");
     let cases: Vec<(&str, String, u16, i64, &str)> = vec![
@@ -172,7 +168,7 @@ async fn oversize_body_over_http2_gets_413() {
         ),
     ))
     .await;
-    let leader = Leader::new(&pki, Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))), true);
+    let leader = pki.leader(LEADER_A, true);
     let body = format!("{{\"pad\":\"{}\"}}", "x".repeat(4000));
     let r = leader.post(gw.addr, "/p/rpc", &body).await.unwrap();
     assert_eq!(r.status, 413, "{}", r.text());

@@ -72,11 +72,7 @@ async fn methods_map_to_configured_upstream_paths() {
         ),
     ))
     .await;
-    let leader = Leader::new(
-        &pki,
-        Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))),
-        false,
-    );
+    let leader = pki.leader(LEADER_A, false);
     let start = rpc_start("1", LEADER_A, "t");
     let notif = r#"{"jsonrpc":"2.0","method":"notification/set","id":2,"params":{"url":"https://l/cb","token":"tok","taskId":"t"}}"#;
     let group = r#"{"jsonrpc":"2.0","method":"group","id":3,"params":{"groupId":"g"}}"#;
@@ -101,7 +97,7 @@ async fn partner_json_rpc_errors_are_relayed_unchanged() {
         r#"{"jsonrpc":"2.0","id":"1","error":{"code":-32001,"message":"Task not found"}}"#;
     let partner = TestPartner::start(Behaviour::Fixed(ERR)).await;
     let gw = start_gateway(&pki.config("", &partner_block("p", "/p", &partner.url(), ""))).await;
-    let leader = Leader::new(&pki, Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))), true);
+    let leader = pki.leader(LEADER_A, true);
     let r = leader
         .post(gw.addr, "/p/rpc", &rpc_start("\"1\"", LEADER_A, "t"))
         .await
@@ -124,11 +120,7 @@ async fn host_based_routing() {
         ),
     ))
     .await;
-    let leader = Leader::new(
-        &pki,
-        Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))),
-        false,
-    );
+    let leader = pki.leader(LEADER_A, false);
     let body = Bytes::from(rpc_start("1", LEADER_A, "t"));
     let r = leader
         .post_with(gw.addr, "/rpc", body.clone(), &[("host", "A.example:8443")])

@@ -3,8 +3,6 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use aipgw::devcerts::CertSpec;
-
 use crate::support::*;
 
 /// `name{labels}` -> value, from the Prometheus text format.
@@ -40,11 +38,7 @@ async fn metrics_count_good_and_bad_requests() {
     let gw = start_gateway(&pki.config("", &partner_block("p", "/p", &partner.url(), ""))).await;
     assert_eq!(gw.admin_get("/healthz").await.0, 200);
     assert_eq!(gw.admin_get("/readyz").await.0, 200);
-    let a = Leader::new(
-        &pki,
-        Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))),
-        false,
-    );
+    let a = pki.leader(LEADER_A, false);
     let anon = Leader::new(&pki, None, false);
     for i in 0..2 {
         a.post(gw.addr, "/p/rpc", &rpc_start(&i.to_string(), LEADER_A, "t"))
@@ -173,22 +167,14 @@ async fn access_log_lines_have_the_fields_and_no_secrets() {
         ),
     )
     .await;
-    let a = Leader::new(
-        &pki,
-        Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))),
-        false,
-    );
+    let a = pki.leader(LEADER_A, false);
     let r = a
         .post(gw.addr, "/p/rpc", &rpc_start("\"r1\"", LEADER_A, "task-9"))
         .await
         .unwrap();
     assert_eq!(r.status, 200);
     let secret = r#"{"jsonrpc":"2.0","method":"notification/set","id":2,"params":{"url":"https://l/cb","token":"secret-token-xyz","taskId":"task-9"}}"#;
-    let b = Leader::new(
-        &pki,
-        Some(&pki.issue(&CertSpec::leader_v2(LEADER_B))),
-        false,
-    );
+    let b = pki.leader(LEADER_B, false);
     let r = b
         .post(gw.addr, "/p/notification/set", secret)
         .await
@@ -292,11 +278,7 @@ async fn traceparent_reaches_the_partner() {
     let pki = Pki::new();
     let partner = TestPartner::start(Behaviour::Echo).await;
     let gw = start_gateway(&pki.config("", &partner_block("p", "/p", &partner.url(), ""))).await;
-    let a = Leader::new(
-        &pki,
-        Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))),
-        false,
-    );
+    let a = pki.leader(LEADER_A, false);
     let given = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let body = bytes::Bytes::from(rpc_start("1", LEADER_A, "t"));
     a.post_with(gw.addr, "/p/rpc", body.clone(), &[("traceparent", given)])
@@ -331,11 +313,7 @@ async fn graceful_shutdown_answers_everything_accepted() {
         ),
     )
     .await;
-    let a = Leader::new(
-        &pki,
-        Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))),
-        false,
-    );
+    let a = pki.leader(LEADER_A, false);
     let mut stream = a
         .open_stream(
             gw.addr,

@@ -1,7 +1,6 @@
 //! Issue 4: who may call what, and rate limits, through the gateway (tests 1-6; the
 //! fake-clock refill and the 100,000-AIC cap are `ratelimit`'s unit tests).
 
-use aipgw::devcerts::CertSpec;
 use aipgw::identity::Aic;
 
 use crate::support::*;
@@ -46,7 +45,7 @@ async fn allow_and_deny_lists() {
     ]
     .concat();
     let gw = start_gateway(&pki.config("", &partners)).await;
-    let leader = |aic: &str| Leader::new(&pki, Some(&pki.issue(&CertSpec::leader_v2(aic))), false);
+    let leader = |aic: &str| pki.leader(aic, false);
     let (a, b, cc) = (leader(LEADER_A), leader(LEADER_B), leader(&c));
     let call = |l: &Leader, path: &'static str, body: String| {
         let l = l.clone();
@@ -98,11 +97,7 @@ async fn only_leaders_call_through_the_gateway() {
     let pki = Pki::new();
     let partner = TestPartner::start(Behaviour::Echo).await;
     let gw = start_gateway(&pki.config("", &partner_block("p", "/p", &partner.url(), ""))).await;
-    let a = Leader::new(
-        &pki,
-        Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))),
-        false,
-    );
+    let a = pki.leader(LEADER_A, false);
     let body = rpc_start("\"r\"", LEADER_A, "t")
         .replace("\"senderRole\":\"leader\"", "\"senderRole\":\"partner\"");
     let r = a.post(gw.addr, "/p/rpc", &body).await.unwrap();
@@ -117,16 +112,8 @@ async fn leaders_cannot_touch_each_others_tasks() {
     let pki = Pki::new();
     let partner = TestPartner::start(Behaviour::Echo).await;
     let gw = start_gateway(&pki.config("", &partner_block("p", "/p", &partner.url(), ""))).await;
-    let a = Leader::new(
-        &pki,
-        Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))),
-        false,
-    );
-    let b = Leader::new(
-        &pki,
-        Some(&pki.issue(&CertSpec::leader_v2(LEADER_B))),
-        false,
-    );
+    let a = pki.leader(LEADER_A, false);
+    let b = pki.leader(LEADER_B, false);
     let r = a
         .post(
             gw.addr,
@@ -188,11 +175,7 @@ async fn blocked_aics_are_invalid_credentials() {
         ),
     ))
     .await;
-    let b = Leader::new(
-        &pki,
-        Some(&pki.issue(&CertSpec::leader_v2(LEADER_B))),
-        false,
-    );
+    let b = pki.leader(LEADER_B, false);
     let r = b
         .post(gw.addr, "/p/rpc", &rpc_start("4", LEADER_B, "t"))
         .await
@@ -216,12 +199,8 @@ async fn per_aic_rate_limit_answers_429() {
         ),
     ))
     .await;
-    let a = Leader::new(&pki, Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))), true);
-    let b = Leader::new(
-        &pki,
-        Some(&pki.issue(&CertSpec::leader_v2(LEADER_B))),
-        false,
-    );
+    let a = pki.leader(LEADER_A, true);
+    let b = pki.leader(LEADER_B, false);
     for i in 0..3 {
         let r = a
             .post(gw.addr, "/p/rpc", &rpc_start(&i.to_string(), LEADER_A, "t"))
@@ -274,16 +253,8 @@ async fn partner_total_and_in_flight_limits() {
         ),
     )
     .await;
-    let a = Leader::new(
-        &pki,
-        Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))),
-        false,
-    );
-    let b = Leader::new(
-        &pki,
-        Some(&pki.issue(&CertSpec::leader_v2(LEADER_B))),
-        false,
-    );
+    let a = pki.leader(LEADER_A, false);
+    let b = pki.leader(LEADER_B, false);
     assert_eq!(
         a.post(gw.addr, "/fast/rpc", &rpc_start("1", LEADER_A, "t1"))
             .await
@@ -341,11 +312,7 @@ async fn concurrent_streams_per_aic() {
         ),
     ))
     .await;
-    let a = Leader::new(
-        &pki,
-        Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))),
-        false,
-    );
+    let a = pki.leader(LEADER_A, false);
     let mut first = a
         .open_stream(
             gw.addr,

@@ -89,11 +89,7 @@ async fn crl_partner_and_invalid_config_changes() {
 
     // 2. A new Partner becomes routable.
     let ok_before = reloads(&gw, "ok").await;
-    let b = Leader::new(
-        &pki,
-        Some(&pki.issue(&CertSpec::leader_v2(LEADER_B))),
-        false,
-    );
+    let b = pki.leader(LEADER_B, false);
     let added = format!("{base}{}", partner_block("q", "/q", &partner.url(), ""));
     replace_file(
         &path,
@@ -127,11 +123,7 @@ async fn twenty_reloads_under_load_lose_nothing() {
     let (ok, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let mut load = Vec::new();
     for worker in 0..4 {
-        let leader = Leader::new(
-            &pki,
-            Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))),
-            worker % 2 == 0,
-        );
+        let leader = pki.leader(LEADER_A, worker % 2 == 0);
         let (stop, ok, failed, addr) = (stop.clone(), ok.clone(), failed.clone(), gw.addr);
         load.push(tokio::spawn(async move {
             let mut i = 0;

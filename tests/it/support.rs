@@ -45,6 +45,11 @@ impl Pki {
         pki
     }
 
+    /// A Leader with a fresh v2.1-profile certificate for `aic`.
+    pub fn leader(&self, aic: &str, h2: bool) -> Leader {
+        Leader::new(self, Some(&self.issue(&CertSpec::leader_v2(aic))), h2)
+    }
+
     pub fn issue(&self, spec: &CertSpec) -> Issued {
         self.ca.issue(spec).unwrap()
     }

@@ -1,7 +1,6 @@
 //! Test 7: clients that stall are disconnected after the configured timeouts. The waits
 //! here are safety nets around events (EOF), not measurements.
 
-use aipgw::devcerts::CertSpec;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -35,7 +34,7 @@ async fn silent_tls_client_is_dropped() {
     let partner = TestPartner::start(Behaviour::Echo).await;
     let gw = start_gateway(&pki.config(SHORT, &partner_block("p", "/p", &partner.url(), ""))).await;
     for h2 in [false, true] {
-        let leader = Leader::new(&pki, Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))), h2);
+        let leader = pki.leader(LEADER_A, h2);
         let mut tls = leader.connect(gw.addr).await.unwrap();
         if h2 {
             // A client preface and nothing more.
@@ -53,11 +52,7 @@ async fn slow_body_is_answered_408_and_disconnected() {
     let pki = Pki::new();
     let partner = TestPartner::start(Behaviour::Echo).await;
     let gw = start_gateway(&pki.config(SHORT, &partner_block("p", "/p", &partner.url(), ""))).await;
-    let leader = Leader::new(
-        &pki,
-        Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))),
-        false,
-    );
+    let leader = pki.leader(LEADER_A, false);
     let mut tls = leader.connect(gw.addr).await.unwrap();
     tls.write_all(
         b"POST /p/rpc HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"jsonrpc\":",
@@ -76,11 +71,7 @@ async fn slow_body_is_answered_408_and_disconnected() {
 async fn slow_headers_are_disconnected() {
     let pki = Pki::new();
     let gw = start_gateway(&pki.config(SHORT, "")).await;
-    let leader = Leader::new(
-        &pki,
-        Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))),
-        false,
-    );
+    let leader = pki.leader(LEADER_A, false);
     let mut tls = leader.connect(gw.addr).await.unwrap();
     tls.write_all(b"POST /p/rpc HTTP/1.1\r\nhost: loc")
         .await
@@ -93,11 +84,7 @@ async fn slow_headers_are_disconnected() {
 async fn max_connections_holds_extra_clients_in_the_queue() {
     let pki = Pki::new();
     let gw = start_gateway(&pki.config("max_connections = 1", "")).await;
-    let leader = Leader::new(
-        &pki,
-        Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))),
-        false,
-    );
+    let leader = pki.leader(LEADER_A, false);
     let first = leader.connect(gw.addr).await.unwrap();
     // The second client is accepted by the kernel but not served: its handshake stalls.
     let second = tokio::spawn({

@@ -36,11 +36,7 @@ async fn mtls_setup(pinned_aic: &str) -> (Pki, TestPartner, TestGateway) {
 #[tokio::test]
 async fn https_partner_with_mutual_tls() {
     let (pki, partner, gw) = mtls_setup(PARTNER_AIC).await;
-    let leader = Leader::new(
-        &pki,
-        Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))),
-        false,
-    );
+    let leader = pki.leader(LEADER_A, false);
     let body = rpc_start("1", LEADER_A, "t");
     let r = leader.post(gw.addr, "/s/rpc", &body).await.unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
@@ -55,11 +51,7 @@ async fn https_partner_with_mutual_tls() {
 #[tokio::test]
 async fn https_partner_with_the_wrong_aic_is_refused() {
     let (pki, partner, gw) = mtls_setup(LEADER_B).await;
-    let leader = Leader::new(
-        &pki,
-        Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))),
-        false,
-    );
+    let leader = pki.leader(LEADER_A, false);
     let r = leader
         .post(gw.addr, "/s/rpc", &rpc_start("\"x\"", LEADER_A, "t"))
         .await
@@ -84,7 +76,7 @@ async fn partner_down_is_502() {
         &partner_block("gone", "/g", &format!("http://127.0.0.1:{port}"), ""),
     ))
     .await;
-    let leader = Leader::new(&pki, Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))), true);
+    let leader = pki.leader(LEADER_A, true);
     // connect_timeout is 2s in the test config; a refused connection must not wait for it.
     let r = within(
         5,
@@ -106,11 +98,7 @@ async fn slow_partner_is_504() {
         .config("", &partner_block("slow", "/slow", &partner.url(), ""))
         .replace("response_timeout = \"5s\"", "response_timeout = \"300ms\"");
     let gw = start_gateway(&config).await;
-    let leader = Leader::new(
-        &pki,
-        Some(&pki.issue(&CertSpec::leader_v2(LEADER_A))),
-        false,
-    );
+    let leader = pki.leader(LEADER_A, false);
     let r = within(
         5,
         leader.post(gw.addr, "/slow/rpc", &rpc_start("6", LEADER_A, "t")),
