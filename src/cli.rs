@@ -41,7 +41,7 @@ pub enum Command {
     /// Run the demo Partner alone (plain HTTP).
     DemoPartner {
         /// Address to listen on.
-        #[arg(long, default_value = "127.0.0.1:9021")]
+        #[arg(long, default_value = "127.0.0.1:19021")]
         bind: String,
     },
     /// Show the AIC(s) a certificate carries, their profile and check code, its validity,

@@ -131,7 +131,7 @@ fn sighup_reloads_and_sigterm_exits_zero() {
     let (main, admin) = (free(), free());
     let dir = tempfile::tempdir().unwrap();
     let config = demo_config_in(dir.path(), |t| {
-        t.replace("127.0.0.1:8443", &main.to_string())
+        t.replace("127.0.0.1:18443", &main.to_string())
             + &format!("\n[admin]\nbind = \"{admin}\"\n[reload]\nwatch = false\n")
     });
     let mut child = Command::new(env!("CARGO_BIN_EXE_aipgw"))
