@@ -132,8 +132,10 @@ fn sighup_reloads_and_sigterm_exits_zero() {
     let dir = tempfile::tempdir().unwrap();
     let config = demo_config_in(dir.path(), |t| {
         t.replace("127.0.0.1:18443", &main.to_string())
-            + &format!("\n[admin]\nbind = \"{admin}\"\n[reload]\nwatch = false\n")
+            .replace("127.0.0.1:19901", &admin.to_string())
+            + "\n[reload]\nwatch = false\n"
     });
+    assert_eq!(aipgw(&["check", "--config", config.to_str().unwrap()]).0, 0);
     let mut child = Command::new(env!("CARGO_BIN_EXE_aipgw"))
         .args(["run", "--config", config.to_str().unwrap()])
         .stderr(std::process::Stdio::null())
@@ -151,24 +153,30 @@ fn sighup_reloads_and_sigterm_exits_zero() {
         s.read_to_string(&mut out).ok()?;
         Some(out)
     };
-    let wait_for = |what: &dyn Fn() -> bool| {
+    let wait_for = |child: &mut std::process::Child, what: &dyn Fn() -> bool| {
         let deadline = Instant::now() + Duration::from_secs(30);
         while !what() {
             assert!(Instant::now() < deadline, "timed out");
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("aipgw exited early: {status}");
+            }
             std::thread::yield_now();
         }
     };
-    wait_for(&|| get("/readyz").is_some_and(|r| r.starts_with("HTTP/1.1 200")));
+    wait_for(&mut child, &|| {
+        get("/readyz").is_some_and(|r| r.starts_with("HTTP/1.1 200"))
+    });
+    let pid = child.id();
     let kill = |sig: &str| {
         let ok = Command::new("kill")
-            .args([sig, &child.id().to_string()])
+            .args([sig, &pid.to_string()])
             .status()
             .unwrap()
             .success();
         assert!(ok, "kill {sig}");
     };
     kill("-HUP");
-    wait_for(&|| {
+    wait_for(&mut child, &|| {
         get("/metrics").is_some_and(|m| m.contains("aipgw_config_reloads_total{result=\"ok\"} 1"))
     });
     kill("-TERM");
