@@ -41,6 +41,9 @@
 //! - [`devcerts`]: development certificate generation (rcgen).
 //! - [`demo`]: a demo Partner implementing the AIP task state machine.
 //! - [`cli`]: the command line.
+//! - [`admin`], [`metrics`], [`trace`], [`reload`], [`inspect`]: operations (admin
+//!   listener, Prometheus metrics, trace context, hot reload, `inspect-cert`).
+//! - [`hex`]: lowercase hex encoding.
 
 pub mod admin;
 pub mod body;
@@ -50,6 +53,7 @@ pub mod demo;
 pub mod devcerts;
 pub mod error;
 pub mod gateway;
+pub mod hex;
 pub mod identity;
 pub mod inspect;
 pub mod jsonrpc;

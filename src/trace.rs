@@ -5,11 +5,12 @@
 use http::header::{HeaderMap, HeaderValue};
 use ring::rand::{SecureRandom, SystemRandom};
 
-/// Lowercase hex of `n` random bytes.
+/// Lowercase hex of `n` (at most 32) random bytes.
 pub fn random_hex(n: usize) -> String {
-    let mut b = vec![0u8; n];
-    let _ = SystemRandom::new().fill(&mut b);
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    let mut b = [0u8; 32];
+    let b = &mut b[..n.min(32)];
+    let _ = SystemRandom::new().fill(b);
+    crate::hex::encode(b)
 }
 
 /// The trace id of a valid `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`, ids not all zero).

@@ -173,10 +173,5 @@ pub fn authenticate(
 
 /// Lowercase hex SHA-256 of some bytes.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
-    let mut out = String::with_capacity(64);
-    for b in digest.as_ref() {
-        out.push_str(&format!("{b:02x}"));
-    }
-    out
+    crate::hex::encode(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref())
 }
