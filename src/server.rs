@@ -340,8 +340,8 @@ impl Drop for AccessLog {
         let partner = l.partner.as_deref().unwrap_or("");
         let method = l.method.map_or("", |m| m.name());
         let aic = match &self.conn.auth {
-            ConnAuth::Verified(i) => i.aic.as_str().to_owned(),
-            _ => String::new(),
+            ConnAuth::Verified(i) => i.aic.as_str(),
+            _ => "",
         };
         tracing::info!(
             target: "aipgw::access",

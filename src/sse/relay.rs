@@ -307,6 +307,13 @@ mod tests {
         )
     }
 
+    /// Everything the record holds, and how it ended.
+    fn read_all(rec: &Arc<dyn StreamRecord>) -> (Vec<Entry>, Option<StreamEnd>) {
+        let (mut c, mut out) = (rec.first_cursor(), Vec::new());
+        let end = rec.read(&mut c, &mut out).unwrap();
+        (out, end)
+    }
+
     /// A Partner body that yields `chunks`, then stays open forever.
     fn open_body(
         chunks: Vec<&'static [u8]>,
@@ -365,8 +372,7 @@ mod tests {
         let t0 = Instant::now();
         task.await.unwrap();
         assert!(t0.elapsed() >= Duration::from_secs(30));
-        let mut c = rec.first_cursor();
-        let end = rec.read(&mut c, &mut Vec::new()).unwrap();
+        let (_, end) = read_all(&rec);
         assert_eq!(
             end,
             Some(StreamEnd::Failed {
@@ -391,8 +397,7 @@ mod tests {
         assert!(!task.is_finished(), "cancelled before detach_timeout");
         task.await.unwrap();
         assert!(t_detach.elapsed() >= Duration::from_secs(60));
-        let (mut c, mut out) = (rec.first_cursor(), Vec::new());
-        let end = rec.read(&mut c, &mut out).unwrap();
+        let (out, end) = read_all(&rec);
         assert_eq!(out.len(), 1);
         assert_eq!(
             end,
