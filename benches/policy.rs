@@ -23,7 +23,10 @@ fn bench(c: &mut Criterion) {
     let _guard = rt.enter();
     let cfg = Config::parse(CONFIG, std::path::Path::new("/")).unwrap();
     let limiter = GovernorLimiter::new(&cfg.ratelimit.limiter).unwrap();
-    let tasks = MemoryTaskOwners::new(200_000, std::time::Duration::from_secs(3600));
+    let tasks: std::sync::Arc<dyn TaskOwners> = std::sync::Arc::new(MemoryTaskOwners::new(
+        200_000,
+        std::time::Duration::from_secs(3600),
+    ));
     let aics: Vec<Aic> = (0..100_000u32)
         .map(|i| Aic::with_check_code(&format!("1000100001{i:020}")).unwrap())
         .collect();

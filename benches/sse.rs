@@ -122,6 +122,7 @@ fn relay(c: &mut Criterion) {
                 RpcId::null(),
                 Duration::from_secs(15),
                 closing.subscribe(),
+                Default::default(),
             );
             let frames = futures_util::stream::iter(
                 chunks
@@ -130,7 +131,7 @@ fn relay(c: &mut Criterion) {
                     .map(|c| Ok::<_, Infallible>(Frame::data(c))),
             );
             rt.block_on(async {
-                let rec_task = record_upstream(StreamBody::new(frames), rec, settings);
+                let rec_task = record_upstream(StreamBody::new(frames), rec, settings, ());
                 let collect = body.collect();
                 let (_, out) = tokio::join!(rec_task, collect);
                 black_box(out.unwrap().to_bytes().len())
@@ -161,6 +162,7 @@ fn relay(c: &mut Criterion) {
                 id.clone(),
                 Duration::from_secs(15),
                 closing.subscribe(),
+                Default::default(),
             );
             rt.block_on(async { black_box(body.collect().await.unwrap().to_bytes().len()) })
         })

@@ -1,6 +1,10 @@
 //! The gateway's state: everything built from one validated config, held behind an
-//! `ArcSwap` so a later reload can replace it whole while connections keep the snapshot
-//! they started with.
+//! `ArcSwap` so a reload replaces it whole. Each request loads the current snapshot (one
+//! atomic load); a connection keeps only its TLS session and identity.
+//!
+//! What must survive a reload lives in [`Stores`] or is carried from the previous
+//! snapshot: the replay buffer, task owners, metrics, open-stream counts, each Partner's
+//! in-flight count (by name), and the state of every unchanged quota.
 
 use std::sync::Arc;
 
@@ -32,8 +36,8 @@ pub struct Snapshot {
     pub tasks: Arc<dyn TaskOwners>,
     /// Quotas.
     pub limiter: Arc<dyn Limiter>,
-    /// Open streams per AIC, when limited.
-    pub streams: Option<Arc<StreamCounts>>,
+    /// Open streams per AIC (counted always; limited when configured).
+    pub streams: Arc<StreamCounts>,
     /// Metrics (shared like the replay buffer).
     pub metrics: Arc<Metrics>,
     /// Raised when the drain deadline passes (see [`Stores::closing`]).
@@ -51,31 +55,54 @@ pub struct Stores {
     pub metrics: Arc<Metrics>,
     /// Raised when the drain deadline passes: open streams send a final event and close.
     pub closing: Arc<tokio::sync::watch::Sender<bool>>,
+    /// Open streams per AIC.
+    pub streams: Arc<StreamCounts>,
 }
 
 impl Snapshot {
-    /// Builds TLS settings, upstream pools and the router (reads certificate files).
-    pub fn build(config: Config, stores: Stores) -> anyhow::Result<Snapshot> {
+    /// Builds TLS settings, upstream pools and the router (reads certificate files),
+    /// carrying over from `previous` what must outlive it.
+    pub fn build(
+        config: Config,
+        stores: Stores,
+        previous: Option<&Snapshot>,
+    ) -> anyhow::Result<Snapshot> {
         let tls = tls::build_server(&config.listener, &config.aic_domain_suffix)?;
         record_cert_expiry(&stores.metrics, &config);
         let mut partners = Vec::with_capacity(config.partners.len());
         for p in &config.partners {
             let pool = UpstreamPool::new(p, &config.upstream, &config.aic_domain_suffix)
                 .with_context(|| format!("partner {}", p.name))?;
+            // The same Partner (by name) keeps counting the requests it has in flight.
+            let in_flight = previous
+                .and_then(|prev| prev.router.partner(&p.name))
+                .map(|old| old.in_flight.clone());
+            let in_flight = match in_flight {
+                Some(f) => {
+                    f.set_max(p.max_in_flight);
+                    f
+                }
+                None => InFlight::new(p.max_in_flight),
+            };
             partners.push(Arc::new(Partner {
                 config: p.clone(),
                 pool,
-                in_flight: p.max_in_flight.map(InFlight::new),
+                in_flight,
             }));
         }
+        let limiter: Arc<dyn Limiter> = match previous {
+            Some(prev) => prev
+                .limiter
+                .clone()
+                .reconfigured(&config.ratelimit.limiter)?,
+            None => Arc::new(GovernorLimiter::new(&config.ratelimit.limiter)?),
+        };
+        stores.streams.set_max(config.ratelimit.max_streams_per_aic);
         Ok(Snapshot {
             tls,
             router: Router::new(partners),
-            limiter: Arc::new(GovernorLimiter::new(&config.ratelimit.limiter)?),
-            streams: config
-                .ratelimit
-                .max_streams_per_aic
-                .map(|n| Arc::new(StreamCounts::new(n))),
+            limiter,
+            streams: stores.streams,
             replay: stores.replay,
             tasks: stores.tasks,
             metrics: stores.metrics,
@@ -102,9 +129,10 @@ impl Gateway {
             )),
             metrics: Arc::new(Metrics::new()),
             closing: Arc::new(tokio::sync::watch::channel(false).0),
+            streams: Arc::new(StreamCounts::new(None)),
         };
         Ok(Arc::new(Gateway {
-            current: ArcSwap::from_pointee(Snapshot::build(config, stores)?),
+            current: ArcSwap::from_pointee(Snapshot::build(config, stores, None)?),
             ready: std::sync::atomic::AtomicBool::new(false),
         }))
     }
@@ -114,11 +142,12 @@ impl Gateway {
         self.current.load_full()
     }
 
-    /// Replaces the configuration: a new snapshot (TLS settings for new handshakes,
-    /// Partners, policies, limits) built beside the old one and swapped in at once; open
-    /// connections and streams keep the snapshot they started with. The replay buffer,
-    /// task owners and metrics carry over; quota state starts afresh. On error the old
-    /// snapshot stays.
+    /// Replaces the configuration: a new snapshot (TLS settings, Partners, policies,
+    /// limits) built beside the old one and swapped in at once. The next request on every
+    /// connection uses it; a request already forwarded finishes as it started. The replay
+    /// buffer, task owners, metrics, stream and in-flight counts carry over, and so does
+    /// the state of every quota whose settings did not change. On error the old snapshot
+    /// stays.
     pub fn replace(&self, config: Config) -> anyhow::Result<()> {
         let old = self.snapshot();
         let stores = Stores {
@@ -126,8 +155,9 @@ impl Gateway {
             tasks: old.tasks.clone(),
             metrics: old.metrics.clone(),
             closing: old.closing.clone(),
+            streams: old.streams.clone(),
         };
-        let built = Snapshot::build(config, stores);
+        let built = Snapshot::build(config, stores, Some(&old));
         let result = if built.is_ok() { "ok" } else { "failed" };
         old.metrics
             .config_reloads

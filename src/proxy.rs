@@ -1,19 +1,25 @@
 //! The per-request pipeline. In order:
-//! 1. only `POST` carries JSON-RPC;
-//! 2. the body is read once, bounded in size and time;
-//! 3. the envelope is parsed by borrowing (syntax only), which yields the id to echo;
-//! 4. the connection's identity verdict (computed at the handshake) is applied: no
-//!    request goes further without a verified AIC;
-//! 5. the host and path pick a Partner;
-//! 6. the envelope's semantics are checked, the path's method must match the body's, and
-//!    `params.message.senderId` must be the caller's own AIC;
-//! 7. the same body `Bytes` goes to the Partner with identity headers, and the response
-//!    streams back.
+//! 1. the trace context and request id are taken (so every outcome is logged with them);
+//! 2. only `POST` carries JSON-RPC;
+//! 3. the connection's identity verdict is read as of now (re-judged when the trust
+//!    settings or the clock moved: see `identity::verdict`);
+//! 4. the host and path pick a Partner, and the caller's quotas are spent, before the
+//!    body is read;
+//! 5. the body is read once, bounded in size and time, and parsed by borrowing (valid
+//!    UTF-8 JSON only), which yields the id to echo;
+//! 6. no request goes further without a verified AIC that is not blocked;
+//! 7. the envelope's semantics are checked, the path's method must match the body's,
+//!    `params.message.senderId` must be the caller's own AIC, then role, access rules and
+//!    task ownership (a `start` claims its task provisionally);
+//! 8. a Partner in-flight permit is taken, and the same body `Bytes` goes to the Partner
+//!    with identity headers; the answer streams back under an idle bound (`stream`:
+//!    `streams::handle`), and a `start`'s claim is kept only if the Partner accepted it.
 //!
 //! Every failure is a [`GatewayError`] paired with the request id, turned into a response
 //! only by `GatewayError::into_response`.
 
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -25,12 +31,15 @@ use hyper::body::Incoming;
 use crate::body::{read_bounded, BodyError};
 use crate::error::GatewayError;
 use crate::gateway::Snapshot;
-use crate::identity::{ConnAuth, PeerIdentity};
+use crate::identity::verdict::unix_now;
+use crate::identity::{Aic, ConnAuth, ConnIdentity, PeerIdentity};
 use crate::jsonrpc::{self, Command, Method, RpcId};
-use crate::policy::tasks::check_task;
+use crate::policy::tasks::{check_task, PendingClaim};
 use crate::ratelimit::Refusal;
+use crate::relay_body::{Relayed, SseTail};
 use crate::routing::{request_host, Route};
 use crate::streams::{self, StreamRequest};
+use crate::trace::TraceContext;
 use std::time::Duration;
 
 /// Errors inside response bodies.
@@ -43,13 +52,13 @@ pub const CLIENT_AIC_HEADER: &str = "x-aip-client-aic";
 /// Header carrying the SHA-256 of the caller's certificate to the Partner.
 pub const CLIENT_CERT_HEADER: &str = "x-aip-client-cert-sha256";
 
-/// What a request knows about its connection; fixed at the handshake.
+/// What a request knows about its connection.
 #[derive(Debug)]
 pub struct ConnInfo {
     /// The client's address.
     pub peer: SocketAddr,
-    /// The identity verdict.
-    pub auth: ConnAuth,
+    /// The client's certificate chain and the verdict on it.
+    pub identity: ConnIdentity,
     /// TLS SNI, when sent.
     pub sni: Option<String>,
 }
@@ -60,6 +69,8 @@ type Failure = (GatewayError, RpcId);
 /// pipeline, written when the response body ends. Never message contents or tokens.
 #[derive(Debug, Default)]
 pub struct RequestLog {
+    /// The caller's verified AIC.
+    pub aic: Option<Aic>,
     /// The Partner, once routed.
     pub partner: Option<String>,
     /// The JSON-RPC method, once validated.
@@ -78,10 +89,11 @@ pub struct RequestLog {
     pub bytes_in: u64,
     /// Time to the Partner's response headers.
     pub upstream: Option<Duration>,
-    /// `x-request-id` (the client's, or made here).
-    pub request_id: Option<String>,
-    /// The W3C trace id.
-    pub trace_id: Option<String>,
+    /// The request id and trace id.
+    pub trace: Option<TraceContext>,
+    /// Events of an event stream relayed to the Leader (the Partner's, not the gateway's
+    /// own error event), counted where the events are known.
+    pub events: Option<Arc<AtomicU64>>,
 }
 
 /// Handles one request; never fails (errors become JSON-RPC error responses).
@@ -121,8 +133,15 @@ async fn pipeline(
 ) -> Result<Response<ResponseBody>, Failure> {
     let cfg = &snap.config;
     let (parts, body) = req.into_parts();
+    let trace = log.trace.insert(TraceContext::from_request(&parts.headers));
+    let trace = trace.clone();
     if parts.method != http::Method::POST {
         return Err((GatewayError::HttpMethod(parts.method), RpcId::null()));
+    }
+    // The verdict as of now, under the current trust settings.
+    let auth = conn.identity.verdict(&snap.tls.trust, unix_now());
+    if let ConnAuth::Verified(ident) = &auth {
+        log.aic = Some(ident.aic);
     }
     let content_length = parts
         .headers
@@ -134,7 +153,7 @@ async fn pipeline(
     log.partner = route.as_ref().map(|r| r.partner.config.name.clone());
 
     // Quotas first, before the body is read: the AIC is known from the connection.
-    if let ConnAuth::Verified(ident) = &conn.auth {
+    if let ConnAuth::Verified(ident) = &auth {
         let partner = route.as_ref().map(|r| r.partner.config.name.as_str());
         if let Err(refusal) = snap.limiter.check(&ident.aic, partner) {
             return Err(refused(refusal, body, content_length, snap).await);
@@ -160,10 +179,10 @@ async fn pipeline(
     };
     let id = raw_id.map_or_else(RpcId::null, |r| RpcId::from_body(&body, r));
 
-    let identity: Arc<PeerIdentity> = match &conn.auth {
-        ConnAuth::Verified(i) => i.clone(),
+    let identity: Arc<PeerIdentity> = match auth {
+        ConnAuth::Verified(i) => i,
         ConnAuth::Missing => return Err((GatewayError::AuthenticationRequired, id)),
-        ConnAuth::Rejected(e) => return Err((GatewayError::InvalidCredential(*e), id)),
+        ConnAuth::Rejected(e) => return Err((GatewayError::InvalidCredential(e), id)),
     };
     with_id(cfg.policy.check_blocked(&identity.aic), &id)?;
     let parsed = with_id(parsed.map_err(|f| f.error.into()), &id)?;
@@ -222,9 +241,10 @@ async fn pipeline(
         &id,
     )?;
     let command = message.and_then(|m| m.command);
-    with_id(
+    // A `start`'s claim is provisional until the Partner accepts it.
+    let claim = with_id(
         check_task(
-            snap.tasks.as_ref(),
+            &snap.tasks,
             cfg.tasks.unknown,
             pname,
             &identity.aic,
@@ -236,28 +256,15 @@ async fn pipeline(
         &id,
     )?;
 
-    // Concurrency limits: the permits live as long as the response body.
-    let busy = |reason| GatewayError::RateLimited {
-        reason,
-        retry_after: Duration::from_secs(1),
-        body_unread: false,
-    };
-    let in_flight = match &partner.in_flight {
-        Some(limit) => Some(with_id(
-            limit.try_acquire().ok_or_else(|| busy("partner_in_flight")),
-            &id,
-        )?),
-        None => None,
-    };
-    let stream_permit = match (&snap.streams, method) {
-        (Some(streams), Method::Stream) => Some(with_id(
-            streams
-                .try_open(&identity.aic)
-                .ok_or_else(|| busy("aic_streams")),
-            &id,
-        )?),
-        _ => None,
-    };
+    // The Partner's in-flight permit lives as long as the work at the Partner: the
+    // response body, or the recorder of a Partner event stream.
+    let in_flight = with_id(
+        partner
+            .in_flight
+            .try_acquire()
+            .ok_or_else(|| busy("partner_in_flight")),
+        &id,
+    )?;
 
     let stream_req = match (message, method) {
         (Some(m), Method::Stream) => Some(StreamRequest {
@@ -272,24 +279,137 @@ async fn pipeline(
     };
 
     let mut headers = upstream_headers(&parts.headers, &identity, conn.peer);
-    let (trace_id, request_id) = crate::trace::ensure(&mut headers);
-    log.trace_id = Some(trace_id);
-    log.request_id = Some(request_id);
+    trace.apply(&mut headers);
     let upstream = upstream_request(body, partner.pool.target(partner.path_for(method)), headers);
     let started = tokio::time::Instant::now();
+    let idle = cfg.upstream.body_idle_timeout;
     let resp = match stream_req {
         Some(stream_req) => {
-            let r =
-                streams::handle(snap, partner, &identity, stream_req, id.clone(), upstream).await;
+            let work = streams::Work {
+                in_flight,
+                claim,
+                events: log.events.insert(Arc::default()).clone(),
+            };
+            let r = streams::handle(
+                snap,
+                partner,
+                &identity,
+                stream_req,
+                id.clone(),
+                upstream,
+                work,
+            )
+            .await;
             with_id(r, &id)?
         }
-        None => relay_response(with_id(partner.pool.send(upstream).await, &id)?),
+        None => {
+            let resp = with_id(partner.pool.send(upstream).await, &id)?;
+            let resp = match claim {
+                Some(claim) => with_id(settle_claim(resp, claim, cfg, pname).await, &id)?,
+                None => resp.map(|b| b.boxed_unsync()),
+            };
+            let sse = is_event_stream(resp.headers()).then(|| SseTail {
+                events: log.events.insert(Arc::default()).clone(),
+                id: id.clone(),
+            });
+            relay_response(resp, idle, sse).map(|b| hold(b, in_flight))
+        }
     };
     log.upstream = Some(started.elapsed());
-    Ok(match (in_flight, stream_permit) {
-        (None, None) => resp,
-        permits => resp.map(|b| hold(b, permits)),
-    })
+    Ok(resp)
+}
+
+fn busy(reason: &'static str) -> GatewayError {
+    GatewayError::RateLimited {
+        reason,
+        retry_after: Duration::from_secs(1),
+        body_unread: false,
+    }
+}
+
+/// Whether a response is an event stream.
+pub fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"))
+}
+
+/// A body from the Partner, before it is relayed.
+type UpstreamBody = UnsyncBoxBody<Bytes, hyper::Error>;
+
+/// Keeps or releases a `start`'s claim by the Partner's answer: kept for an event stream,
+/// or a 2xx JSON answer with a JSON-RPC `result`; released otherwise. The answer's body
+/// is read (bounded by `limits.max_body_bytes`, each pause by `upstream.body_idle_timeout`)
+/// and relayed unchanged; a larger one is relayed as it streams and, if 2xx, keeps the
+/// claim (the gateway cannot tell, and refusing the owner later would be worse).
+async fn settle_claim(
+    resp: Response<Incoming>,
+    claim: PendingClaim,
+    cfg: &crate::config::Config,
+    partner: &str,
+) -> Result<Response<UpstreamBody>, GatewayError> {
+    let ok = resp.status().is_success();
+    if !ok {
+        drop(claim); // released
+        return Ok(resp.map(BodyExt::boxed_unsync));
+    }
+    if is_event_stream(resp.headers()) {
+        claim.confirm();
+        return Ok(resp.map(BodyExt::boxed_unsync));
+    }
+    let (parts, mut body) = resp.into_parts();
+    let mut frames: Vec<Bytes> = Vec::new();
+    let mut total = 0usize;
+    let idle = cfg.upstream.body_idle_timeout;
+    let cap = cfg.max_body_bytes;
+    loop {
+        let frame = match tokio::time::timeout(idle, body.frame()).await {
+            Err(_) => {
+                return Err(GatewayError::UpstreamTimeout {
+                    partner: partner.to_owned(),
+                })
+            }
+            Ok(None) => break,
+            Ok(Some(Err(e))) => {
+                return Err(GatewayError::UpstreamProtocol {
+                    partner: partner.to_owned(),
+                    detail: format!("the answer to a start was cut: {e}"),
+                })
+            }
+            Ok(Some(Ok(f))) => f,
+        };
+        if let Ok(data) = frame.into_data() {
+            total += data.len();
+            frames.push(data);
+        }
+        if total > cap {
+            // Too large to judge: relay what was read, then the rest as it comes.
+            claim.confirm();
+            let head = futures_util::stream::iter(
+                frames
+                    .into_iter()
+                    .map(|b| Ok::<_, hyper::Error>(http_body::Frame::data(b))),
+            );
+            let rest = http_body_util::BodyStream::new(body);
+            let chained = futures_util::StreamExt::chain(head, rest);
+            let b = http_body_util::StreamBody::new(chained).boxed_unsync();
+            return Ok(Response::from_parts(parts, b));
+        }
+    }
+    let whole: Bytes = match frames.len() {
+        1 => frames.pop().unwrap_or_default(),
+        _ => frames.concat().into(),
+    };
+    if jsonrpc::reply::is_result(&whole) {
+        claim.confirm();
+    } else {
+        drop(claim);
+    }
+    let b = Full::new(whole)
+        .map_err(|never| match never {})
+        .boxed_unsync();
+    Ok(Response::from_parts(parts, b))
 }
 
 /// A response body that keeps `guard` alive until the body ends (permits, counters).
@@ -406,28 +526,63 @@ fn copy_end_to_end(src: &HeaderMap, extra_skip: impl Fn(&HeaderName) -> bool) ->
     out
 }
 
+/// Whether a client header speaks for the gateway and must not reach the Partner: its
+/// name, read with `_` as `-` (CGI and WSGI servers fold both to `HTTP_X_...`), is one the
+/// gateway sets or owns: identity (`x-aip-*`), proxy facts (`x-forwarded-*`,
+/// `forwarded`, `x-real-ip`), and `x-request-id` unless the client's is kept (it is then
+/// re-inserted by `trace::ensure`).
+fn gateway_owned(name: &HeaderName) -> bool {
+    let n = name.as_str();
+    if n == "host" || n == "content-length" {
+        return true;
+    }
+    // Header names are lowercase already; only the separator needs folding. Names are
+    // short, so the fold is a stack copy.
+    let mut buf = [0u8; 20];
+    let len = n.len().min(buf.len());
+    for (d, s) in buf.iter_mut().zip(n.as_bytes()) {
+        *d = if *s == b'_' { b'-' } else { *s };
+    }
+    let folded = &buf[..len];
+    folded.starts_with(b"x-aip-")
+        || folded.starts_with(b"x-forwarded-")
+        || (n.len() <= buf.len() && matches!(folded, b"forwarded" | b"x-real-ip" | b"x-request-id"))
+}
+
 /// The request headers for the Partner: end-to-end client headers, minus anything the
-/// client claims about its identity, plus the verified identity.
+/// client claims about its identity or the path it came by, plus the verified identity
+/// and the gateway's own view of the hop (`x-forwarded-for`, `x-forwarded-proto` and an
+/// equivalent `Forwarded`). A client `x-request-id` worth keeping is passed separately.
 pub fn upstream_headers(src: &HeaderMap, identity: &PeerIdentity, peer: SocketAddr) -> HeaderMap {
-    let mut out = copy_end_to_end(src, |n| {
-        n == header::HOST
-            || n == header::CONTENT_LENGTH
-            || n.as_str().starts_with("x-aip-client-")
-            || n.as_str() == "x-forwarded-for"
-            || n.as_str() == "x-forwarded-proto"
-    });
+    let mut out = copy_end_to_end(src, gateway_owned);
     let value = |s: &str| HeaderValue::from_str(s).unwrap_or(HeaderValue::from_static(""));
     out.insert(CLIENT_AIC_HEADER, value(identity.aic.as_str()));
     out.insert(CLIENT_CERT_HEADER, value(&identity.cert_sha256));
-    out.insert("x-forwarded-for", value(&peer.ip().to_string()));
+    let ip = peer.ip();
+    out.insert("x-forwarded-for", value(&ip.to_string()));
     out.insert("x-forwarded-proto", HeaderValue::from_static("https"));
+    // RFC 7239: an IPv6 address is bracketed and quoted.
+    let forwarded = match ip {
+        std::net::IpAddr::V4(v4) => format!("for={v4};proto=https"),
+        std::net::IpAddr::V6(v6) => format!("for=\"[{v6}]\";proto=https"),
+    };
+    out.insert(header::FORWARDED, value(&forwarded));
     out
 }
 
-/// The Partner's response, streamed back with hop-by-hop headers removed.
-pub fn relay_response(resp: Response<Incoming>) -> Response<ResponseBody> {
+/// The Partner's response, streamed back with hop-by-hop headers removed and each pause
+/// in its body bounded by `idle` (see [`Relayed`]); `sse` for an event stream.
+pub fn relay_response<B>(
+    resp: Response<B>,
+    idle: Duration,
+    sse: Option<SseTail>,
+) -> Response<ResponseBody>
+where
+    B: http_body::Body<Data = Bytes> + Unpin + Send + 'static,
+    B::Error: Into<BoxError>,
+{
     let (parts, body) = resp.into_parts();
-    let mut out = Response::new(body.map_err(BoxError::from).boxed_unsync());
+    let mut out = Response::new(Relayed::new(body, idle, sse).boxed_unsync());
     *out.status_mut() = parts.status;
     *out.headers_mut() = copy_end_to_end(&parts.headers, |_| false);
     out

@@ -5,7 +5,13 @@
 //!
 //! The *folders* of those files are watched, not the files: Kubernetes-style secret
 //! updates swap a symlink (`..data`) beside the files, and editors replace files by
-//! renaming. Events are debounced (`reload.debounce`): a burst of writes reloads once.
+//! renaming. But only events that concern a file the config names count: the file itself,
+//! the file its symlink points to, or a `..`-prefixed entry (the swapped symlink). A log
+//! written next to the config triggers nothing. Events are debounced (`reload.debounce`):
+//! a burst of writes is one check. A check reloads only when the content of a named file
+//! actually changed (a SHA-256 of each is kept); SIGHUP always reloads.
+//!
+//! A reload keeps quota, in-flight and stream state (see `Gateway::replace`).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -44,8 +50,8 @@ pub fn reload_now(gateway: &Gateway, path: &Path) -> anyhow::Result<()> {
     result
 }
 
-/// The folders holding the config and every file it names.
-fn watched_dirs(config_path: &Path, cfg: &Config) -> BTreeSet<PathBuf> {
+/// The config and every file it names.
+fn named_files(config_path: &Path, cfg: &Config) -> Vec<PathBuf> {
     let mut files: Vec<&Path> = vec![config_path, &cfg.listener.cert, &cfg.listener.key];
     files.extend(cfg.listener.client_ca.iter().map(PathBuf::as_path));
     files.extend(cfg.listener.crl.iter().map(PathBuf::as_path));
@@ -58,17 +64,80 @@ fn watched_dirs(config_path: &Path, cfg: &Config) -> BTreeSet<PathBuf> {
             }
         }
     }
-    files
-        .into_iter()
-        .filter_map(|f| f.parent())
-        .map(|d| {
-            if d.as_os_str().is_empty() {
-                Path::new(".")
-            } else {
-                d
+    files.into_iter().map(Path::to_path_buf).collect()
+}
+
+/// The folder of a file (`.` for a bare name).
+fn folder(f: &Path) -> PathBuf {
+    match f.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// What the watcher listens for: the named files, where their symlinks lead, and their
+/// folders; and what the named files held at the last load.
+#[derive(Default)]
+struct Interest {
+    files: Vec<PathBuf>,
+    /// The named files and their resolved targets, for matching event paths.
+    paths: BTreeSet<PathBuf>,
+    dirs: BTreeSet<PathBuf>,
+    contents: Vec<Option<ring::digest::Digest>>,
+}
+
+impl Interest {
+    fn new(config_path: &Path, cfg: &Config) -> Interest {
+        let files = named_files(config_path, cfg);
+        let mut paths = BTreeSet::new();
+        let mut dirs = BTreeSet::new();
+        for f in &files {
+            let abs = std::path::absolute(f).unwrap_or_else(|_| f.clone());
+            dirs.insert(folder(&abs));
+            paths.insert(abs);
+            if let Ok(real) = std::fs::canonicalize(f) {
+                dirs.insert(folder(&real));
+                paths.insert(real);
             }
+        }
+        let contents = digests(&files);
+        Interest {
+            files,
+            paths,
+            dirs,
+            contents,
+        }
+    }
+
+    /// Whether a change at `path` may concern a named file.
+    fn concerns(&self, path: &Path) -> bool {
+        let swapped = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(".."));
+        let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+        swapped || self.paths.contains(&abs) || self.paths.iter().any(|p| p.starts_with(&abs))
+    }
+
+    /// Whether a named file's content differs from the last load.
+    fn changed_on_disk(&self) -> bool {
+        let now = digests(&self.files);
+        now.len() != self.contents.len()
+            || now
+                .iter()
+                .zip(&self.contents)
+                .any(|(a, b)| a.as_ref().map(|d| d.as_ref()) != b.as_ref().map(|d| d.as_ref()))
+    }
+}
+
+fn digests(files: &[PathBuf]) -> Vec<Option<ring::digest::Digest>> {
+    files
+        .iter()
+        .map(|f| {
+            std::fs::read(f)
+                .ok()
+                .map(|b| ring::digest::digest(&ring::digest::SHA256, &b))
         })
-        .map(Path::to_path_buf)
         .collect()
 }
 
@@ -80,11 +149,13 @@ pub fn spawn(
     debounce: Duration,
     files: bool,
 ) -> tokio::task::JoinHandle<()> {
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Vec<PathBuf>>();
     let watcher = if files {
         match notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-            if res.is_ok_and(|e| !e.kind.is_access()) {
-                let _ = tx.send(());
+            if let Ok(e) = res {
+                if !e.kind.is_access() {
+                    let _ = tx.send(e.paths);
+                }
             }
         }) {
             Ok(w) => Some(w),
@@ -100,6 +171,7 @@ pub fn spawn(
     let mut w = Watched {
         watcher,
         dirs: BTreeSet::new(),
+        interest: Interest::default(),
         config_path,
     };
     w.rewatch(&gateway);
@@ -113,16 +185,19 @@ pub fn spawn(
 struct Watched {
     watcher: Option<notify::RecommendedWatcher>,
     dirs: BTreeSet<PathBuf>,
+    interest: Interest,
     config_path: PathBuf,
 }
 
 impl Watched {
-    /// Watches exactly the folders the current config needs.
+    /// Watches exactly the folders the current config needs, and notes what its files
+    /// hold now.
     fn rewatch(&mut self, gateway: &Gateway) {
+        self.interest = Interest::new(&self.config_path, &gateway.snapshot().config);
         let Some(w) = self.watcher.as_mut() else {
             return;
         };
-        let wanted = watched_dirs(&self.config_path, &gateway.snapshot().config);
+        let wanted = self.interest.dirs.clone();
         for d in self.dirs.difference(&wanted) {
             let _ = w.unwatch(d);
         }
@@ -150,10 +225,28 @@ async fn sighup(hup: &mut Hangup) {
     std::future::pending::<()>().await
 }
 
+type Events = tokio::sync::mpsc::UnboundedReceiver<Vec<PathBuf>>;
+
+/// Waits until no event concerning a named file has come for `debounce`.
+async fn quiet(rx: &mut Events, interest: &Interest, debounce: Duration) {
+    let deadline = || tokio::time::Instant::now() + debounce;
+    let mut until = deadline();
+    loop {
+        match tokio::time::timeout_at(until, rx.recv()).await {
+            Ok(Some(paths)) => {
+                if paths.iter().any(|p| interest.concerns(p)) {
+                    until = deadline();
+                }
+            }
+            Ok(None) | Err(_) => return,
+        }
+    }
+}
+
 async fn run(
     gateway: Arc<Gateway>,
     mut w: Watched,
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<()>,
+    mut rx: Events,
     debounce: Duration,
     mut hup: Hangup,
 ) {
@@ -161,12 +254,18 @@ async fn run(
     loop {
         let from_files = tokio::select! {
             ev = rx.recv(), if events_open => {
-                if ev.is_none() {
+                let Some(paths) = ev else {
                     events_open = false; // no file watching: SIGHUP only
                     continue;
+                };
+                if !paths.iter().any(|p| w.interest.concerns(p)) {
+                    continue; // a file the config does not name
                 }
-                // Debounce: wait until the files have been quiet for `debounce`.
-                while let Ok(Some(())) = tokio::time::timeout(debounce, rx.recv()).await {}
+                quiet(&mut rx, &w.interest, debounce).await;
+                if !w.interest.changed_on_disk() {
+                    tracing::debug!("watched files unchanged: no reload");
+                    continue;
+                }
                 true
             }
             _ = sighup(&mut hup) => {
@@ -177,7 +276,7 @@ async fn run(
         if reload_now(&gateway, &w.config_path).is_err() && from_files {
             // A file edited in place may have been read half-written: once it has been
             // quiet for another `debounce`, try again.
-            while let Ok(Some(())) = tokio::time::timeout(debounce, rx.recv()).await {}
+            quiet(&mut rx, &w.interest, debounce).await;
             let _ = reload_now(&gateway, &w.config_path);
         }
         w.rewatch(&gateway);

@@ -18,8 +18,9 @@ pub struct Partner {
     pub config: PartnerConfig,
     /// Pooled clients to its upstreams.
     pub pool: UpstreamPool,
-    /// Its in-flight limit, when set.
-    pub in_flight: Option<crate::ratelimit::concurrency::InFlight>,
+    /// Its requests in flight (limited by `limits.max_in_flight` when set); kept across
+    /// reloads for the same Partner name.
+    pub in_flight: Arc<crate::ratelimit::concurrency::InFlight>,
 }
 
 impl Partner {
@@ -55,9 +56,9 @@ impl Router {
         Router { partners }
     }
 
-    /// The Partners, in lookup order.
-    pub fn partners(&self) -> &[Arc<Partner>] {
-        &self.partners
+    /// The Partner named `name`.
+    pub fn partner(&self, name: &str) -> Option<&Arc<Partner>> {
+        self.partners.iter().find(|p| p.config.name == name)
     }
 
     /// Finds the Partner for a host (lowercase, no port) and path.
@@ -141,7 +142,7 @@ upstreams = ["http://127.0.0.1:9"]
                     Arc::new(Partner {
                         config: p,
                         pool,
-                        in_flight: None,
+                        in_flight: crate::ratelimit::concurrency::InFlight::new(None),
                     })
                 })
                 .collect(),

@@ -1,5 +1,10 @@
-//! The listening side: accept loop, connection cap, TLS handshake timeout, identity once
-//! per connection, HTTP/1.1 or HTTP/2 by ALPN, idle timeout and graceful drain.
+//! The listening side: accept loop, connection cap, per-source handshake cap, TLS
+//! handshake timeout, identity once per connection, HTTP/1.1 or HTTP/2 by ALPN, idle
+//! timeout and graceful drain.
+//!
+//! A connection keeps only its TLS session and its identity ([`ConnIdentity`]); every
+//! request loads the gateway's *current* snapshot, so a reload (a blocked AIC, a denied or
+//! removed Partner, a new CRL) applies to the next request on every open connection.
 //!
 //! `run` takes an already-bound listener, so tests bind `127.0.0.1:0` and read the port.
 //! Must not: look inside requests (that is `proxy`).
@@ -19,14 +24,15 @@ use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulConnection;
-use rustls::pki_types::UnixTime;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
-use crate::gateway::{Gateway, Snapshot};
-use crate::identity::{self, ConnAuth};
+use crate::conn_limits::{HandshakeSlot, HandshakeSlots};
+use crate::gateway::Gateway;
+use crate::identity::verdict::unix_now;
+use crate::identity::{ConnAuth, ConnIdentity};
 use crate::metrics::ReasonLabels;
 use crate::proxy::{self, BoxError, ConnInfo, RequestLog, ResponseBody};
 
@@ -54,6 +60,7 @@ pub async fn run(
     let max = snap.config.listener.max_connections;
     let drain_timeout = snap.config.listener.drain_timeout;
     let permits = Arc::new(Semaphore::new(max));
+    let handshakes = HandshakeSlots::new(snap.config.listener.max_handshakes_per_ip);
     let (drain_tx, drain_rx) = watch::channel(false);
     let sweeper = tokio::spawn(sweep_limits(gateway.clone()));
     gateway.set_ready(true);
@@ -77,8 +84,23 @@ pub async fn run(
             },
             _ = &mut shutdown => break,
         };
-        let snap = gateway.snapshot();
-        tokio::spawn(serve_connection(tcp, peer, snap, drain_rx.clone(), permit));
+        let Some(slot) = handshakes.try_take(peer.ip()) else {
+            tracing::debug!(%peer, "too many handshakes from this address: closed");
+            let reason = ReasonLabels {
+                reason: "per_ip_handshake_limit",
+            };
+            let snap = gateway.snapshot();
+            snap.metrics.handshake_failures.get_or_create(&reason).inc();
+            drop(tcp);
+            continue;
+        };
+        tokio::spawn(serve_connection(
+            tcp,
+            peer,
+            gateway.clone(),
+            drain_rx.clone(),
+            (permit, slot),
+        ));
     }
     gateway.set_ready(false);
     drop(listener);
@@ -117,10 +139,13 @@ async fn sweep_limits(gateway: Arc<Gateway>) {
 async fn serve_connection(
     tcp: TcpStream,
     peer: SocketAddr,
-    snap: Arc<Snapshot>,
+    gateway: Arc<Gateway>,
     drain: watch::Receiver<bool>,
-    _permit: OwnedSemaphorePermit,
+    (_permit, handshake_slot): (OwnedSemaphorePermit, HandshakeSlot),
 ) {
+    // The snapshot of the accept: TLS settings for this handshake and the connection's
+    // timeouts. Requests use the snapshot current when they arrive.
+    let snap = gateway.snapshot();
     let l = &snap.config.listener;
     let metrics = snap.metrics.clone();
     metrics.open_connections.inc();
@@ -146,15 +171,25 @@ async fn serve_connection(
             return;
         }
     };
+    drop(handshake_slot);
     let (_, session) = tls.get_ref();
-    // The one identity computation of this connection.
-    let auth = identity::authenticate(
+    // A full strict handshake has just verified the chain with these very settings; a
+    // resumed session restores the chain from the session cache unverified, so it is
+    // verified here like any other.
+    let verified_by_handshake = snap.tls.strict
+        && matches!(
+            session.handshake_kind(),
+            Some(rustls::HandshakeKind::Full | rustls::HandshakeKind::FullWithHelloRetryRequest)
+        );
+    // The one identity computation of this connection (repeated only when the trust
+    // settings change or the clock passes the chain's or CRLs' expiry).
+    let identity = ConnIdentity::new(
         session.peer_certificates(),
-        snap.tls.deferred_chain_verifier.as_deref(),
-        &snap.config.aic_domain_suffix,
-        UnixTime::now(),
+        &snap.tls.trust,
+        verified_by_handshake,
+        unix_now(),
     );
-    let failure = match &auth {
+    let failure = match identity.last() {
         ConnAuth::Rejected(e) => {
             tracing::info!(%peer, reason = e.reason(), "client certificate rejected");
             Some(e.reason())
@@ -169,17 +204,17 @@ async fn serve_connection(
     let h2 = session.alpn_protocol() == Some(b"h2".as_slice());
     let conn = Arc::new(ConnInfo {
         peer,
-        auth,
+        identity,
         sni: session.server_name().map(str::to_owned),
     });
     let activity = Arc::new(Activity::new());
     let svc = {
         let activity = activity.clone();
-        let snap = snap.clone();
         service_fn(move |req| {
             let guard = activity.begin();
             let conn = conn.clone();
-            let snap = snap.clone();
+            // One atomic load: the snapshot current now, not the connection's first.
+            let snap = gateway.snapshot();
             async move {
                 let started = Instant::now();
                 let mut log = RequestLog::default();
@@ -187,12 +222,11 @@ async fn serve_connection(
                 let status = resp.status().as_u16();
                 let access = AccessLog {
                     log,
-                    conn: conn.clone(),
+                    peer: conn.peer,
                     metrics: snap.metrics.clone(),
                     started,
                     status,
                     bytes_out: 0,
-                    events: 0,
                 };
                 Ok::<_, Infallible>(resp.map(|body| Tracked {
                     body,
@@ -208,7 +242,7 @@ async fn serve_connection(
         b.timer(TokioTimer::new())
             .max_concurrent_streams(l.http2_max_concurrent_streams)
             .keep_alive_interval(Some(l.idle_timeout))
-            .keep_alive_timeout(l.header_read_timeout);
+            .keep_alive_timeout(l.http2_keepalive_timeout);
         drive(
             b.serve_connection(io, svc),
             &activity,
@@ -325,12 +359,11 @@ struct Tracked {
 
 struct AccessLog {
     log: RequestLog,
-    conn: Arc<ConnInfo>,
+    peer: SocketAddr,
     metrics: Arc<crate::metrics::Metrics>,
     started: Instant,
     status: u16,
     bytes_out: u64,
-    events: u64,
 }
 
 impl Drop for AccessLog {
@@ -339,13 +372,14 @@ impl Drop for AccessLog {
         let total = self.started.elapsed();
         let partner = l.partner.as_deref().unwrap_or("");
         let method = l.method.map_or("", |m| m.name());
-        let aic = match &self.conn.auth {
-            ConnAuth::Verified(i) => i.aic.as_str(),
-            _ => "",
-        };
+        let aic = l.aic.as_ref().map_or("", |a| a.as_str());
+        let events = l
+            .events
+            .as_ref()
+            .map_or(0, |n| n.load(std::sync::atomic::Ordering::Relaxed));
         tracing::info!(
             target: "aipgw::access",
-            peer = %self.conn.peer,
+            peer = %self.peer,
             aic = %aic,
             partner,
             method,
@@ -357,11 +391,11 @@ impl Drop for AccessLog {
             reason = l.reason.unwrap_or(""),
             bytes_in = l.bytes_in,
             bytes_out = self.bytes_out,
-            events = self.events,
+            events,
             upstream_ms = l.upstream.map_or(0.0, |d| d.as_secs_f64() * 1000.0),
             total_ms = total.as_secs_f64() * 1000.0,
-            request_id = l.request_id.as_deref().unwrap_or(""),
-            trace_id = l.trace_id.as_deref().unwrap_or(""),
+            request_id = l.trace.as_ref().map_or("", |t| t.request_id.as_str()),
+            trace_id = l.trace.as_ref().map_or("", |t| t.trace_id.as_str()),
             "request"
         );
         let m = &self.metrics;
@@ -399,10 +433,6 @@ impl Body for Tracked {
         if let Poll::Ready(Some(Ok(frame))) = &polled {
             if let Some(data) = frame.data_ref() {
                 self.access.bytes_out += data.len() as u64;
-                // An SSE event (not a comment) ends a frame with a blank line.
-                if data.ends_with(b"\n\n") && !data.starts_with(b":") {
-                    self.access.events += 1;
-                }
             }
         }
         polled

@@ -8,19 +8,31 @@
 //!   that started the stream may (and with the same `sessionId`, when both are given);
 //!   the Partner never sees the request. Otherwise (no record, or events evicted) it is
 //!   forwarded, and an SSE answer is recorded like a `start`.
+//!
+//! Limits: a stream opened at the Partner takes one of the caller's open-stream permits,
+//! and it and the Partner in-flight permit belong to the recorder, released when the
+//! Partner's stream ends (not when the Leader leaves: a detached stream still runs at the
+//! Partner). A re-stream served from the buffer sends nothing to the Partner; following a
+//! live record costs no new permit (its recorder holds one), following a finished record
+//! takes one for as long as the Leader reads.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response, StatusCode};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 
 use crate::error::GatewayError;
 use crate::gateway::Snapshot;
 use crate::identity::PeerIdentity;
 use crate::jsonrpc::{Command, RpcId};
-use crate::proxy::{relay_response, ResponseBody};
+use crate::policy::tasks::PendingClaim;
+use crate::proxy::{is_event_stream, relay_response, ResponseBody};
+use crate::ratelimit::concurrency::InFlightPermit;
+use crate::relay_body::SseTail;
 use crate::routing::Partner;
 use crate::sse::relay::{follow, record_upstream};
 use crate::sse::replay::{StreamKey, StreamMeta};
@@ -35,6 +47,24 @@ pub struct StreamRequest {
     pub session_id: Option<String>,
     /// `commandParams.lastEventSeq`, else the `Last-Event-ID` header.
     pub last_event_seq: Option<u64>,
+}
+
+/// What the pipeline hands over with a `stream` request.
+pub struct Work {
+    /// The Partner in-flight permit.
+    pub in_flight: InFlightPermit,
+    /// A `start`'s provisional task claim, kept if the Partner answers with a stream.
+    pub claim: Option<PendingClaim>,
+    /// Counts the Partner's events sent to this Leader (for the access log).
+    pub events: Arc<AtomicU64>,
+}
+
+fn busy(reason: &'static str) -> GatewayError {
+    GatewayError::RateLimited {
+        reason,
+        retry_after: Duration::from_secs(1),
+        body_unread: false,
+    }
 }
 
 /// The `Last-Event-ID` request header as an `eventSeq`.
@@ -53,6 +83,7 @@ pub async fn handle(
     req: StreamRequest,
     id: RpcId,
     upstream: Request<Full<Bytes>>,
+    work: Work,
 ) -> Result<Response<ResponseBody>, GatewayError> {
     let settings = snap.config.stream;
     let key = req.task_id.as_ref().map(|t| StreamKey {
@@ -80,11 +111,32 @@ pub async fn handle(
                 }
             }
             if let Ok(cursor) = record.cursor_after(req.last_event_seq) {
+                // Nothing goes to the Partner; a live record's recorder already counts the
+                // stream, a finished one is counted while this Leader reads it.
+                let permit = match record.is_finished() {
+                    true => Some(
+                        snap.streams
+                            .try_open(&identity.aic)
+                            .ok_or_else(|| busy("aic_streams"))?,
+                    ),
+                    false => None,
+                };
+                drop(work.in_flight);
                 tracing::debug!(task = %key.task_id, after = ?req.last_event_seq, "re-stream served from the buffer");
                 restreamed(snap, "gateway");
                 let closing = snap.closing.subscribe();
-                let body = follow(record, cursor, id, settings.keepalive_interval, closing);
-                return Ok(sse_response(counted(snap, body)));
+                let body = follow(
+                    record,
+                    cursor,
+                    id,
+                    settings.keepalive_interval,
+                    closing,
+                    work.events,
+                );
+                return Ok(sse_response(counted(
+                    snap,
+                    crate::proxy::hold(body, permit),
+                )));
             }
             tracing::debug!(task = %key.task_id, "re-stream needs evicted events: forwarding");
         }
@@ -92,16 +144,33 @@ pub async fn handle(
     if req.command == Command::ReStream {
         restreamed(snap, "partner");
     }
+    // A stream at the Partner: one of the caller's open-stream permits.
+    let stream_permit = snap
+        .streams
+        .try_open(&identity.aic)
+        .ok_or_else(|| busy("aic_streams"))?;
     let resp = partner.pool.send(upstream).await?;
-    let is_sse = resp.status() == StatusCode::OK
-        && resp
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+    let is_sse = resp.status() == StatusCode::OK && is_event_stream(resp.headers());
+    let idle = snap.config.upstream.body_idle_timeout;
+    let held = (work.in_flight, stream_permit);
     let Some(key) = key.filter(|_| is_sse) else {
-        return Ok(relay_response(resp));
+        // Not a recordable stream: relayed as it is, the permits held by its body. A
+        // start's claim stands only if the Partner answered with a stream.
+        if let Some(claim) = work.claim {
+            if is_sse {
+                claim.confirm();
+            }
+        }
+        let sse = is_event_stream(resp.headers()).then(|| SseTail {
+            events: work.events,
+            id,
+        });
+        let resp = relay_response(resp.map(|b| b.boxed_unsync()), idle, sse);
+        return Ok(resp.map(|b| crate::proxy::hold(b, held)));
     };
+    if let Some(claim) = work.claim {
+        claim.confirm();
+    }
     let record = snap.replay.open(
         key,
         StreamMeta {
@@ -116,8 +185,9 @@ pub async fn handle(
         id,
         settings.keepalive_interval,
         snap.closing.subscribe(),
+        work.events,
     );
-    tokio::spawn(record_upstream(resp.into_body(), record, settings));
+    tokio::spawn(record_upstream(resp.into_body(), record, settings, held));
     Ok(sse_response(counted(snap, body)))
 }
 

@@ -30,39 +30,58 @@ pub fn parse_traceparent(v: &str) -> Option<&str> {
     ok.then_some(trace)
 }
 
-/// Makes sure `headers` (going to the Partner) carry a `traceparent` and an
-/// `x-request-id`; returns (trace id, request id).
-pub fn ensure(headers: &mut HeaderMap) -> (String, String) {
-    let trace = match headers
-        .get("traceparent")
-        .and_then(|v| v.to_str().ok())
-        .and_then(parse_traceparent)
-    {
-        Some(t) => t.to_owned(),
-        None => {
-            let t = random_hex(16);
-            let v = format!("00-{t}-{}-01", random_hex(8));
-            if let Ok(v) = HeaderValue::from_str(&v) {
-                headers.insert("traceparent", v);
+/// A request's trace id and request id, decided from the client's headers as soon as the
+/// request arrives (so even a refused request has both in the access log), and the
+/// headers that carry them on to the Partner.
+#[derive(Debug, Clone)]
+pub struct TraceContext {
+    /// The W3C trace id (32 hex).
+    pub trace_id: String,
+    /// The request id: the client's `x-request-id` when sane, otherwise made here.
+    pub request_id: String,
+    /// The client's `traceparent` when valid, otherwise one made here.
+    traceparent: Option<HeaderValue>,
+}
+
+impl TraceContext {
+    /// Reads (or makes) the ids for a request with these headers.
+    pub fn from_request(headers: &HeaderMap) -> TraceContext {
+        let client_tp = headers.get("traceparent");
+        let (trace_id, traceparent) = match client_tp
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_traceparent)
+        {
+            Some(t) => (t.to_owned(), None),
+            None => {
+                let t = random_hex(16);
+                let v = format!("00-{t}-{}-01", random_hex(8));
+                (t, HeaderValue::from_str(&v).ok())
             }
-            t
+        };
+        let request_id = match headers
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        {
+            Some(r) => r.to_owned(),
+            None => random_hex(8),
+        };
+        TraceContext {
+            trace_id,
+            request_id,
+            traceparent,
         }
-    };
-    let request_id = match headers
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
-    {
-        Some(r) => r.to_owned(),
-        None => {
-            let r = random_hex(8);
-            if let Ok(v) = HeaderValue::from_str(&r) {
-                headers.insert("x-request-id", v);
-            }
-            r
+    }
+
+    /// Sets `traceparent` (when made here) and `x-request-id` on the Partner's headers.
+    pub fn apply(&self, headers: &mut HeaderMap) {
+        if let Some(tp) = &self.traceparent {
+            headers.insert("traceparent", tp.clone());
         }
-    };
-    (trace, request_id)
+        if let Ok(v) = HeaderValue::from_str(&self.request_id) {
+            headers.insert("x-request-id", v);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -87,15 +106,22 @@ mod tests {
         }
         let mut h = HeaderMap::new();
         h.insert("traceparent", good.parse().unwrap());
-        let (t, r) = ensure(&mut h);
-        assert_eq!(t, "4bf92f3577b34da6a3ce929d0e0e4736");
-        assert_eq!(h["traceparent"], good);
-        assert_eq!(h["x-request-id"], r.as_str());
-        let mut h = HeaderMap::new();
-        let (t, _) = ensure(&mut h);
+        h.insert("x-request-id", "client-7".parse().unwrap());
+        let ctx = TraceContext::from_request(&h);
+        assert_eq!(ctx.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(ctx.request_id, "client-7");
+        let mut out = HeaderMap::new();
+        out.insert("traceparent", good.parse().unwrap());
+        ctx.apply(&mut out);
+        assert_eq!(out["traceparent"], good);
+        assert_eq!(out["x-request-id"], "client-7");
+        let ctx = TraceContext::from_request(&HeaderMap::new());
+        let mut out = HeaderMap::new();
+        ctx.apply(&mut out);
         assert_eq!(
-            parse_traceparent(h["traceparent"].to_str().unwrap()),
-            Some(t.as_str())
+            parse_traceparent(out["traceparent"].to_str().unwrap()),
+            Some(ctx.trace_id.as_str())
         );
+        assert_eq!(out["x-request-id"], ctx.request_id.as_str());
     }
 }

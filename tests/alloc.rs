@@ -42,7 +42,10 @@ fn allowed_path_does_not_allocate() {
     let text = include_str!("data/policy.toml"); // every check and quota on
     let cfg = Config::parse(text, std::path::Path::new("/")).unwrap();
     let limiter = GovernorLimiter::new(&cfg.ratelimit.limiter).unwrap();
-    let tasks = MemoryTaskOwners::new(1000, std::time::Duration::from_secs(60));
+    let tasks: std::sync::Arc<dyn TaskOwners> = std::sync::Arc::new(MemoryTaskOwners::new(
+        1000,
+        std::time::Duration::from_secs(60),
+    ));
     let aic = Aic::parse("10001000011K912345E789ABCDEF2353").unwrap();
     let partner = &cfg.partners[0];
     let check = || {

@@ -74,6 +74,8 @@ pub struct ListenerConfig {
     pub idle_timeout: Duration,
     pub max_connections: usize,
     pub http2_max_concurrent_streams: u32,
+    pub http2_keepalive_timeout: Duration,
+    pub max_handshakes_per_ip: usize,
     pub drain_timeout: Duration,
 }
 
@@ -85,6 +87,7 @@ pub struct UpstreamConfig {
     pub response_timeout: Duration,
     pub pool_idle_timeout: Duration,
     pub pool_max_idle_per_host: usize,
+    pub body_idle_timeout: Duration,
 }
 
 /// `[policy.tasks]`, validated.
@@ -199,6 +202,11 @@ impl Config {
             ("listener.header_read_timeout", l.header_read_timeout),
             ("listener.body_read_timeout", l.body_read_timeout),
             ("listener.idle_timeout", l.idle_timeout),
+            (
+                "listener.http2_keepalive_timeout",
+                l.http2_keepalive_timeout,
+            ),
+            ("upstream.body_idle_timeout", raw.upstream.body_idle_timeout),
             ("upstream.connect_timeout", raw.upstream.connect_timeout),
             ("upstream.response_timeout", raw.upstream.response_timeout),
             ("stream.keepalive_interval", raw.stream.keepalive_interval),
@@ -211,6 +219,9 @@ impl Config {
         }
         if l.max_connections == 0 {
             bail!("listener.max_connections: must be at least 1");
+        }
+        if l.max_handshakes_per_ip == 0 {
+            bail!("listener.max_handshakes_per_ip: must be at least 1");
         }
         if l.http2_max_concurrent_streams == 0 {
             bail!("listener.http2_max_concurrent_streams: must be at least 1");
@@ -254,6 +265,8 @@ impl Config {
             idle_timeout: l.idle_timeout,
             max_connections: l.max_connections,
             http2_max_concurrent_streams: l.http2_max_concurrent_streams,
+            http2_keepalive_timeout: l.http2_keepalive_timeout,
+            max_handshakes_per_ip: l.max_handshakes_per_ip,
             drain_timeout: l.drain_timeout,
         };
         let policy = crate::policy::GlobalPolicy {
@@ -334,6 +347,7 @@ impl Config {
                 response_timeout: raw.upstream.response_timeout,
                 pool_idle_timeout: raw.upstream.pool_idle_timeout,
                 pool_max_idle_per_host: raw.upstream.pool_max_idle_per_host,
+                body_idle_timeout: raw.upstream.body_idle_timeout,
             },
             stream: crate::sse::relay::StreamSettings {
                 keepalive_interval: raw.stream.keepalive_interval,

@@ -166,6 +166,14 @@ pub struct RawListener {
     /// Concurrent HTTP/2 streams per connection.
     #[serde(default = "default_h2_streams")]
     pub http2_max_concurrent_streams: u32,
+    /// An HTTP/2 keep-alive PING (sent after `idle_timeout` of silence) must be answered
+    /// within this, or the connection is closed.
+    #[serde(default = "d20s", with = "humantime_serde")]
+    pub http2_keepalive_timeout: Duration,
+    /// Connections from one source address still in their TLS handshake, at most; more
+    /// are closed at once (they count against `max_connections` meanwhile).
+    #[serde(default = "default_handshakes_per_ip")]
+    pub max_handshakes_per_ip: usize,
     /// Time open requests get to finish at shutdown.
     #[serde(default = "d30s", with = "humantime_serde")]
     pub drain_timeout: Duration,
@@ -221,6 +229,9 @@ pub struct RawUpstream {
     /// Idle pooled connections kept per upstream address.
     #[serde(default = "default_pool_idle")]
     pub pool_max_idle_per_host: usize,
+    /// A relayed Partner body (after its headers) may pause this long between frames.
+    #[serde(default = "d30s", with = "humantime_serde")]
+    pub body_idle_timeout: Duration,
 }
 
 impl Default for RawUpstream {
@@ -230,6 +241,7 @@ impl Default for RawUpstream {
             response_timeout: d30s(),
             pool_idle_timeout: d90s(),
             pool_max_idle_per_host: default_pool_idle(),
+            body_idle_timeout: d30s(),
         }
     }
 }
@@ -464,6 +476,12 @@ pub struct RawPartnerTls {
 
 fn d5s() -> Duration {
     Duration::from_secs(5)
+}
+fn d20s() -> Duration {
+    Duration::from_secs(20)
+}
+fn default_handshakes_per_ip() -> usize {
+    64
 }
 fn d10s() -> Duration {
     Duration::from_secs(10)

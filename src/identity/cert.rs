@@ -5,7 +5,8 @@
 //! - v2.1: subject `CN=<AIC>`, SAN `URI:acps://<AIC>`.
 //!
 //! Every place that claims an AIC is a *claim*: a CN ending in `.<suffix>` or a bare CN of
-//! 32 alphanumeric characters, a DNS SAN ending in `.<suffix>`, a URI SAN with scheme
+//! 32 alphanumeric characters, a DNS SAN ending in `.<suffix>` (any case, with or without
+//! the root's trailing dot, whatever stands before the suffix), a URI SAN with scheme
 //! `agent` or `acps`. Every claim must be a valid AIC and all must agree; at least one is
 //! required. Names that claim nothing (a CN such as `gateway`, `DNS:localhost`, an
 //! `https:` URI) are ignored.
@@ -119,10 +120,18 @@ pub fn decide(claims: &[Claim]) -> Result<Aic, CredentialError> {
     found.ok_or(CredentialError::NoAic)
 }
 
+/// The part of a DNS name (or a CN written like one) under `.<suffix>`: compared without
+/// regard to case and with the root's trailing dot removed, as DNS compares names, so
+/// `X.ACPS.PUB` and `x.acps.pub.` are claims too. The part before the suffix is returned
+/// as written: the AIC itself is checked exactly (uppercase), so a look-alike is refused
+/// instead of ignored.
 fn strip_suffix<'a>(name: &'a str, suffix: &str) -> Option<&'a str> {
-    let head = name.strip_suffix(suffix)?.strip_suffix('.')?;
-    // DNS names are case-insensitive, but the AIC part is checked as written.
-    (!head.is_empty() && !head.contains('.')).then_some(head)
+    let name = name.strip_suffix('.').unwrap_or(name);
+    let suffix = suffix.strip_suffix('.').unwrap_or(suffix);
+    let cut = name.len().checked_sub(suffix.len() + 1)?;
+    let (head, dot_tail) = (name.get(..cut)?, name.get(cut..)?);
+    let tail = dot_tail.strip_prefix('.')?;
+    (tail.eq_ignore_ascii_case(suffix) && !head.is_empty()).then_some(head)
 }
 
 fn strip_scheme<'a>(uri: &'a str, scheme: &str) -> Option<&'a str> {
@@ -201,6 +210,47 @@ mod tests {
             aic_from_certificate(&der(s), "acps.pub"),
             Err(CredentialError::NoAic)
         );
+    }
+
+    /// Hole 7: a second agent named in any DNS spelling is a claim that must agree.
+    #[test]
+    fn look_alike_dns_claims_count() {
+        for dns in [
+            format!("{B}.ACPS.PUB"),
+            format!("{B}.acps.pub."),
+            format!("{B}.Acps.Pub."),
+        ] {
+            let mut s = CertSpec::leader_v2(A);
+            s.dns = vec![dns.clone()];
+            assert_eq!(
+                aic_from_certificate(&der(s), "acps.pub"),
+                Err(CredentialError::AicMismatch),
+                "{dns}"
+            );
+        }
+        let mut s = CertSpec::leader_v2(A);
+        s.common_name = format!("{B}.ACPS.PUB");
+        assert_eq!(
+            aic_from_certificate(&der(s), "acps.pub"),
+            Err(CredentialError::AicMismatch)
+        );
+        // Agreeing spellings are fine; a name under the suffix that is no AIC is refused.
+        let mut s = CertSpec::leader_v2(A);
+        s.dns = vec![format!("{A}.ACPS.PUB."), "localhost".into()];
+        assert_eq!(
+            aic_from_certificate(&der(s), "acps.pub").unwrap().as_str(),
+            A
+        );
+        let mut s = CertSpec::leader_v2(A);
+        s.dns = vec!["www.agents.acps.pub".into()];
+        assert_eq!(
+            aic_from_certificate(&der(s), "acps.pub"),
+            Err(CredentialError::MalformedAic)
+        );
+        assert_eq!(strip_suffix("acps.pub", "acps.pub"), None);
+        assert_eq!(strip_suffix(".acps.pub", "acps.pub"), None);
+        assert_eq!(strip_suffix("xacps.pub", "acps.pub"), None);
+        assert_eq!(strip_suffix("é.acps.pub", "acps.pub"), Some("é"));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 pub mod aic;
 pub mod cert;
+pub mod verdict;
 
 use std::sync::Arc;
 
@@ -13,6 +14,7 @@ use rustls::{CertificateError, Error as TlsError};
 use rustls_pki_types::{CertificateDer, UnixTime};
 
 pub use aic::{Aic, AicError};
+pub use verdict::{ConnIdentity, Trust};
 
 /// Why a presented certificate gives no identity. Each maps to AIP `-32010`; the
 /// [`CredentialError::reason`] is the `error.data.reason` and a metrics label.
@@ -132,7 +134,8 @@ pub struct PeerIdentity {
     pub cert_sha256: String,
 }
 
-/// The verdict on a connection, fixed for its lifetime.
+/// The verdict on a connection's certificate (see [`ConnIdentity`] for how it is kept
+/// current).
 #[derive(Debug, Clone)]
 pub enum ConnAuth {
     /// A valid certificate with a valid AIC.
@@ -145,9 +148,10 @@ pub enum ConnAuth {
 
 /// Decides a connection's identity from the certificates the client presented.
 ///
-/// `chain_verifier` is `Some` when the handshake deferred chain verification (the
-/// `jsonrpc` client-auth mode): the chain is verified here, exactly as strictly as a
-/// handshake would. It is `None` when the handshake already verified it (`strict`).
+/// `chain_verifier` is `Some` when the chain must be verified here, exactly as strictly as
+/// a handshake would: always in the `jsonrpc` client-auth mode, and in `strict` mode for a
+/// resumed session or a re-judged verdict. It is `None` only right after a full `strict`
+/// handshake verified the chain with the same settings.
 pub fn authenticate(
     peer_certs: Option<&[CertificateDer<'_>]>,
     chain_verifier: Option<&dyn ClientCertVerifier>,

@@ -167,8 +167,20 @@ fn bad_param(field: &'static str, message: impl Into<String>) -> EnvelopeError {
     }
 }
 
-/// Phase one: syntax, shape (an object, not a batch) and duplicate keys.
+/// Phase one: text (RFC 8259: UTF-8, and no string a parser could not decode), syntax,
+/// shape (an object, not a batch) and duplicate keys.
 pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseFailure<'_>> {
+    // The parser checks UTF-8 only in the strings it reads; message text and unknown fields
+    // are skipped unchecked. One pass over the whole body settles it before anything is
+    // forwarded (std's validator runs at memory speed on ASCII).
+    if let Err(error) = check_text(body) {
+        return Err(ParseFailure {
+            id: serde_json::from_slice::<IdOnly<'_>>(body)
+                .ok()
+                .and_then(|i| i.id),
+            error,
+        });
+    }
     let first = body.iter().find(|b| !b.is_ascii_whitespace()).copied();
     if first != Some(b'{') {
         let error = match serde_json::from_slice::<IgnoredAny>(body) {
@@ -186,6 +198,57 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseFailure<'_>> {
         return Ok(Parsed { raw: fast.into() });
     }
     parse_lenient(body)
+}
+
+/// The body is UTF-8 and no `\u` escape in it is half of a surrogate pair: a lone
+/// surrogate is valid JSON syntax, but no UTF-8 string can hold it, so a Partner's parser
+/// refuses it or mangles it differently from the gateway's.
+fn check_text(body: &[u8]) -> Result<(), EnvelopeError> {
+    if let Err(e) = std::str::from_utf8(body) {
+        return Err(EnvelopeError::Parse(format!(
+            "the body is not valid UTF-8 (at byte {})",
+            e.valid_up_to()
+        )));
+    }
+    let lone = |at: usize| {
+        Err(EnvelopeError::Parse(format!(
+            "a \\u escape at byte {at} is a lone surrogate, which no UTF-8 text can hold"
+        )))
+    };
+    let hex4 = |at: usize| -> Option<u16> {
+        let digits = body.get(at..at + 4)?;
+        u16::from_str_radix(std::str::from_utf8(digits).ok()?, 16).ok()
+    };
+    let mut i = 0;
+    while let Some(off) = memchr::memchr(b'\\', &body[i..]) {
+        let at = i + off;
+        match body.get(at + 1) {
+            Some(b'u') => {
+                // Malformed hex is left to the parser, which reports it.
+                let Some(unit) = hex4(at + 2) else {
+                    i = at + 2;
+                    continue;
+                };
+                match unit {
+                    0xD800..=0xDBFF => {
+                        let low = (body.get(at + 6..at + 8) == Some(b"\\u"))
+                            .then(|| hex4(at + 8))
+                            .flatten();
+                        if !matches!(low, Some(0xDC00..=0xDFFF)) {
+                            return lone(at);
+                        }
+                        i = at + 12;
+                    }
+                    0xDC00..=0xDFFF => return lone(at),
+                    _ => i = at + 6,
+                }
+            }
+            // Any other escape (`\\` included) is two bytes.
+            Some(_) => i = at + 2,
+            None => break,
+        }
+    }
+    Ok(())
 }
 
 /// The lenient pass alone (the fast path's fallback).
@@ -398,6 +461,47 @@ fn validate_other<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Hole 8: bytes a Partner could not decode are refused with -32700, id echoed.
+    #[test]
+    fn invalid_text_is_a_parse_error() {
+        let start = br#"{"jsonrpc":"2.0","method":"rpc","id":"x-1","params":{"message":{"text":""#;
+        let end = br#""}}}"#;
+        let with = |mid: &[u8]| [&start[..], mid, &end[..]].concat();
+        for bad in [
+            &b"\xff"[..],
+            b"\xc3",
+            b"\xed\xa0\x80", // a surrogate encoded as UTF-8
+            br"\ud800",
+            br"\udc00",
+            br"\ud800\u0041",
+            br"\ud800x",
+            br"\\\ud800",
+            br"\uDBFF\uDBFF",
+        ] {
+            let body = with(bad);
+            let f = parse(&body)
+                .err()
+                .unwrap_or_else(|| panic!("accepted {:?}", String::from_utf8_lossy(&body)));
+            assert!(matches!(f.error, EnvelopeError::Parse(_)), "{:?}", f.error);
+            assert_eq!(f.id.map(|r| r.get()), Some("\"x-1\""));
+        }
+        for good in [
+            &br"\ud83d\ude00"[..],
+            br"\uD83D\uDE00",
+            br"\\ud800",
+            br"\\\\ud800",
+            br#"\u00e9 \n \""#,
+            "é 😀".as_bytes(),
+        ] {
+            let body = with(good);
+            assert!(
+                check_text(&body).is_ok(),
+                "refused {:?}",
+                String::from_utf8_lossy(&body)
+            );
+        }
+    }
 
     fn ok(body: &str) -> Envelope<'_> {
         parse(body.as_bytes())

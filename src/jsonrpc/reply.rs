@@ -124,3 +124,43 @@ mod tests {
             .contains(r#""id":12345678901234567890123,"#));
     }
 }
+
+/// Whether a Partner's answer is a JSON-RPC response carrying a `result` (and no `error`).
+pub fn is_result(body: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Outcome<'a> {
+        #[serde(borrow, default, deserialize_with = "super::envelope::present")]
+        result: Option<&'a RawValue>,
+        #[serde(borrow, default, deserialize_with = "super::envelope::present")]
+        error: Option<&'a RawValue>,
+    }
+    matches!(
+        serde_json::from_slice::<Outcome<'_>>(body),
+        Ok(Outcome {
+            result: Some(_),
+            error: None
+        })
+    )
+}
+
+#[cfg(test)]
+mod result_tests {
+    use super::is_result;
+
+    #[test]
+    fn only_a_result_counts() {
+        assert!(is_result(
+            br#"{"jsonrpc":"2.0","id":1,"result":{"state":"accepted"}}"#
+        ));
+        assert!(is_result(br#"{"jsonrpc":"2.0","id":1,"result":null}"#));
+        assert!(!is_result(
+            br#"{"jsonrpc":"2.0","id":1,"error":{"code":-32001}}"#
+        ));
+        assert!(!is_result(
+            br#"{"jsonrpc":"2.0","id":1,"result":1,"error":{}}"#
+        ));
+        assert!(!is_result(br#"{"result":1,"result":2}"#));
+        assert!(!is_result(b"<html>"));
+        assert!(!is_result(b""));
+    }
+}

@@ -1,28 +1,50 @@
-//! Task ownership: the first `start` of a `taskId` at a Partner records its owner AIC
-//! (and `sessionId`); later commands on that task from another AIC are refused. This
-//! stops one Leader from reading or cancelling another's task even when the Partner does
-//! not check.
+//! Task ownership: a `start` of a `taskId` at a Partner that the Partner *accepts* makes the
+//! caller its owner AIC (with its `sessionId`); later commands on that task from another
+//! AIC are refused. This stops one Leader from reading or cancelling another's task even
+//! when the Partner does not check.
+//!
+//! A `start` takes a provisional claim before it is forwarded (so two Leaders racing for
+//! one `taskId` cannot both pass); the claim is kept only if the Partner accepted the
+//! start (2xx with a JSON-RPC `result`, or an event stream), and released otherwise, so a
+//! refused start never locks the real owner out ([`PendingClaim`]).
 //!
 //! Behind a small trait ([`TaskOwners`]) so a Redis-backed store can follow. The in-memory
-//! store is sharded, bounded (`policy.tasks.max_entries`, oldest first out) and forgets an
-//! entry `policy.tasks.ttl` after it was last used. What a forgotten task means is the
+//! store is bounded (`policy.tasks.max_entries`): when full, the least recently used task
+//! goes first, across the whole store, at every capacity. An entry is forgotten
+//! `policy.tasks.ttl` after it was last used. What a forgotten task means is the
 //! `policy.tasks.unknown` setting: forwarded as if new (default) or refused.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::identity::Aic;
 
+/// How a claim went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claimed {
+    /// The task was unknown: the caller is now its (provisional) owner.
+    New,
+    /// The caller already owned it; its entry was refreshed.
+    Held,
+}
+
 /// The store.
 pub trait TaskOwners: Send + Sync {
     /// A `start`: records `aic` as the owner of a new task (or refreshes its own);
     /// `Err(owner)` when another AIC owns it.
-    fn claim(&self, partner: &str, task: &str, aic: &Aic, session: Option<&str>)
-        -> Result<(), Aic>;
+    fn claim(
+        &self,
+        partner: &str,
+        task: &str,
+        aic: &Aic,
+        session: Option<&str>,
+    ) -> Result<Claimed, Aic>;
+    /// Forgets a task `aic` claimed, if `aic` still owns it (a start the Partner refused).
+    fn release(&self, partner: &str, task: &str, aic: &Aic);
     /// The owner of a task, if known.
     fn owner(&self, partner: &str, task: &str) -> Option<Aic>;
     /// Entries held.
@@ -33,8 +55,6 @@ pub trait TaskOwners: Send + Sync {
     }
 }
 
-const SHARDS: usize = 16;
-
 struct Entry {
     partner: Box<str>,
     task: Box<str>,
@@ -42,7 +62,11 @@ struct Entry {
     #[allow(dead_code)] // kept for the Redis store's parity and for audit use
     session: Option<Box<str>>,
     expires: Instant,
+    /// The stamp of this entry's place in the order queue; other `(hash, stamp)` pairs
+    /// for the same hash are stale.
     stamp: u64,
+    /// Used since it was (re)queued: gets a second chance instead of being evicted.
+    used: bool,
 }
 
 /// The map's keys are already (ahash) hashes of (Partner, taskId): hash them no further.
@@ -64,18 +88,23 @@ impl Hasher for Prehashed {
 }
 
 #[derive(Default)]
-struct Shard {
+struct Inner {
     map: HashMap<u64, Entry, BuildHasherDefault<Prehashed>>,
-    /// Insertion order: (hash, stamp); stale pairs are skipped.
+    /// Queue order, oldest first: (hash, stamp); a pair whose stamp is no longer the
+    /// entry's is stale and skipped (compacted when stale pairs outnumber live ones).
     order: VecDeque<(u64, u64)>,
     next_stamp: u64,
 }
 
-/// The in-memory store.
+/// The in-memory store: one map under one lock, so eviction order holds across the whole
+/// store (the lock is held for a hash-map operation, tens of nanoseconds). Eviction is
+/// "second chance", the usual allocation-free approximation of least recently used: tasks
+/// leave in the order they were started, except that one used since it was queued goes
+/// to the back once instead. A use is a flag, so checking a known task allocates nothing.
 pub struct MemoryTaskOwners {
-    shards: Vec<Mutex<Shard>>,
+    inner: Mutex<Inner>,
     hasher: ahash::RandomState,
-    per_shard: usize,
+    max_entries: usize,
     ttl: Duration,
 }
 
@@ -83,25 +112,20 @@ impl MemoryTaskOwners {
     /// A store of at most `max_entries` tasks, each kept `ttl` after its last use.
     pub fn new(max_entries: usize, ttl: Duration) -> MemoryTaskOwners {
         MemoryTaskOwners {
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            inner: Mutex::default(),
             hasher: ahash::RandomState::new(),
-            per_shard: max_entries.div_ceil(SHARDS).max(1),
+            max_entries: max_entries.max(1),
             ttl,
         }
     }
 
-    fn locate(&self, partner: &str, task: &str) -> (MutexGuard<'_, Shard>, u64) {
+    fn locate(&self, partner: &str, task: &str) -> (MutexGuard<'_, Inner>, u64) {
         let h = self.hasher.hash_one((partner, task));
-        // Middle bits pick the shard: hashbrown uses the low bits (bucket) and the top
-        // seven (control byte), which must keep all their entropy within a shard.
-        let shard = self.shards[(h >> 32) as usize % SHARDS]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        (shard, h)
+        (self.inner.lock().unwrap_or_else(|e| e.into_inner()), h)
     }
 }
 
-impl Shard {
+impl Inner {
     /// The live entry for (hash, partner, task); an expired one is removed.
     fn live(&mut self, h: u64, partner: &str, task: &str, now: Instant) -> Option<&mut Entry> {
         let expired = match self.map.get(&h) {
@@ -115,17 +139,43 @@ impl Shard {
         self.map.get_mut(&h)
     }
 
+    /// Queues the entry at `h` at the back.
+    fn enqueue(&mut self, h: u64) {
+        let stamp = self.next_stamp;
+        self.next_stamp += 1;
+        if let Some(e) = self.map.get_mut(&h) {
+            e.stamp = stamp;
+            e.used = false;
+            self.order.push_back((h, stamp));
+        }
+    }
+
+    /// Drops expired entries at the old end, then the oldest unused ones until there is
+    /// room for one more (a used one is queued again, once).
     fn make_room(&mut self, cap: usize, now: Instant) {
+        if self.order.len() > 2 * self.map.len() + 16 {
+            let map = &self.map;
+            self.order
+                .retain(|(h, s)| map.get(h).is_some_and(|e| e.stamp == *s));
+        }
         while let Some(&(h, stamp)) = self.order.front() {
-            let current = self.map.get(&h).filter(|e| e.stamp == stamp);
-            match current {
-                Some(e) if self.map.len() < cap && e.expires > now => break,
-                Some(_) => {
-                    self.map.remove(&h);
-                }
-                None => {}
+            let full = self.map.len() >= cap;
+            let Some(e) = self.map.get(&h).filter(|e| e.stamp == stamp) else {
+                self.order.pop_front(); // stale
+                continue;
+            };
+            if e.expires <= now {
+                self.map.remove(&h);
+                self.order.pop_front();
+            } else if !full {
+                break;
+            } else if e.used {
+                self.order.pop_front();
+                self.enqueue(h);
+            } else {
+                self.map.remove(&h);
+                self.order.pop_front();
             }
-            self.order.pop_front();
         }
     }
 }
@@ -137,21 +187,20 @@ impl TaskOwners for MemoryTaskOwners {
         task: &str,
         aic: &Aic,
         session: Option<&str>,
-    ) -> Result<(), Aic> {
+    ) -> Result<Claimed, Aic> {
         let now = Instant::now();
-        let (mut shard, h) = self.locate(partner, task);
-        if let Some(e) = shard.live(h, partner, task, now) {
+        let (mut inner, h) = self.locate(partner, task);
+        if let Some(e) = inner.live(h, partner, task, now) {
             if e.owner != *aic {
                 return Err(e.owner);
             }
             e.expires = now + self.ttl;
-            return Ok(());
+            e.used = true;
+            return Ok(Claimed::Held);
         }
-        shard.make_room(self.per_shard, now);
-        let stamp = shard.next_stamp;
-        shard.next_stamp += 1;
+        inner.make_room(self.max_entries, now);
         // A hash collision with another task replaces that entry (astronomically rare).
-        shard.map.insert(
+        inner.map.insert(
             h,
             Entry {
                 partner: partner.into(),
@@ -159,36 +208,85 @@ impl TaskOwners for MemoryTaskOwners {
                 owner: *aic,
                 session: session.map(Into::into),
                 expires: now + self.ttl,
-                stamp,
+                stamp: 0,
+                used: false,
             },
         );
-        shard.order.push_back((h, stamp));
-        Ok(())
+        inner.enqueue(h);
+        Ok(Claimed::New)
+    }
+
+    fn release(&self, partner: &str, task: &str, aic: &Aic) {
+        let now = Instant::now();
+        let (mut inner, h) = self.locate(partner, task);
+        if inner
+            .live(h, partner, task, now)
+            .is_some_and(|e| e.owner == *aic)
+        {
+            inner.map.remove(&h);
+        }
     }
 
     fn owner(&self, partner: &str, task: &str) -> Option<Aic> {
         let now = Instant::now();
-        let (mut shard, h) = self.locate(partner, task);
+        let (mut inner, h) = self.locate(partner, task);
         let ttl = self.ttl;
-        shard.live(h, partner, task, now).map(|e| {
+        inner.live(h, partner, task, now).map(|e| {
             e.expires = now + ttl;
+            e.used = true;
             e.owner
         })
     }
 
     fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).map.len())
-            .sum()
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map
+            .len()
     }
 }
 
-/// Applies task ownership to one request: a `start` claims the task, any other command on
-/// a `taskId` (including `notification/set|get|delete`) must come from its owner.
+/// A `start`'s new claim, awaiting the Partner's answer: [`PendingClaim::confirm`] keeps
+/// it; dropped unconfirmed (the Partner refused, failed or never answered) it is released.
+pub struct PendingClaim {
+    owners: Arc<dyn TaskOwners>,
+    partner: Box<str>,
+    task: Box<str>,
+    aic: Aic,
+    confirmed: bool,
+}
+
+impl PendingClaim {
+    /// The Partner accepted the start: the claim stands.
+    pub fn confirm(mut self) {
+        self.confirmed = true;
+    }
+}
+
+impl Drop for PendingClaim {
+    fn drop(&mut self) {
+        if !self.confirmed {
+            self.owners.release(&self.partner, &self.task, &self.aic);
+        }
+    }
+}
+
+impl std::fmt::Debug for PendingClaim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingClaim")
+            .field("partner", &self.partner)
+            .field("task", &self.task)
+            .finish()
+    }
+}
+
+/// Applies task ownership to one request: a `start` claims the task (provisionally: see
+/// [`PendingClaim`]), any other command on a `taskId` (including
+/// `notification/set|get|delete`) must come from its owner.
 #[allow(clippy::too_many_arguments)]
 pub fn check_task(
-    owners: &dyn TaskOwners,
+    owners: &Arc<dyn TaskOwners>,
     unknown: crate::config::raw::UnknownTask,
     partner: &str,
     aic: &Aic,
@@ -196,29 +294,39 @@ pub fn check_task(
     command: Option<crate::jsonrpc::Command>,
     task_id: Option<&str>,
     session: Option<&str>,
-) -> Result<(), crate::error::GatewayError> {
+) -> Result<Option<PendingClaim>, crate::error::GatewayError> {
     use crate::jsonrpc::{Command, Method};
-    let Some(task) = task_id else { return Ok(()) };
+    let Some(task) = task_id else { return Ok(None) };
     if method == Method::Group {
-        return Ok(());
+        return Ok(None);
     }
     let not_owner = |owner: Aic| crate::error::GatewayError::Forbidden {
         reason: "not_task_owner",
         detail: format!("task {task:?} belongs to {owner}, not {aic}"),
     };
     if method.carries_message() && command == Some(Command::Start) {
-        return owners.claim(partner, task, aic, session).map_err(not_owner);
+        return match owners.claim(partner, task, aic, session) {
+            Ok(Claimed::Held) => Ok(None),
+            Ok(Claimed::New) => Ok(Some(PendingClaim {
+                owners: owners.clone(),
+                partner: partner.into(),
+                task: task.into(),
+                aic: *aic,
+                confirmed: false,
+            })),
+            Err(owner) => Err(not_owner(owner)),
+        };
     }
     match owners.owner(partner, task) {
         Some(owner) if owner != *aic => Err(not_owner(owner)),
-        Some(_) => Ok(()),
+        Some(_) => Ok(None),
         None if unknown == crate::config::raw::UnknownTask::Refuse => {
             Err(crate::error::GatewayError::Forbidden {
                 reason: "unknown_task",
                 detail: format!("task {task:?} has no known owner"),
             })
         }
-        None => Ok(()),
+        None => Ok(None),
     }
 }
 
@@ -235,10 +343,14 @@ mod tests {
         let a = aic("10001000011K912345E789ABCDEF2353");
         let b = aic("10001000011K94ZH3VDXLP4S5EB63614");
         let store = MemoryTaskOwners::new(1000, Duration::from_secs(60));
-        assert_eq!(store.claim("p", "t", &a, Some("s")), Ok(()));
-        assert_eq!(store.claim("p", "t", &a, None), Ok(()));
+        assert_eq!(store.claim("p", "t", &a, Some("s")), Ok(Claimed::New));
+        assert_eq!(store.claim("p", "t", &a, None), Ok(Claimed::Held));
         assert_eq!(store.claim("p", "t", &b, None), Err(a));
-        assert_eq!(store.claim("q", "t", &b, None), Ok(()), "per Partner");
+        assert_eq!(
+            store.claim("q", "t", &b, None),
+            Ok(Claimed::New),
+            "per Partner"
+        );
         assert_eq!(store.owner("p", "t"), Some(a));
         assert_eq!(store.owner("p", "u"), None);
         tokio::time::advance(Duration::from_secs(59)).await;
@@ -249,7 +361,7 @@ mod tests {
         assert_eq!(store.owner("p", "t"), None);
         assert_eq!(
             store.claim("p", "t", &b, None),
-            Ok(()),
+            Ok(Claimed::New),
             "a forgotten task is new"
         );
     }
@@ -261,9 +373,53 @@ mod tests {
         for i in 0..100_000 {
             store.claim("p", &format!("task-{i}"), &a, None).unwrap();
         }
-        assert!(store.len() <= 1600, "{}", store.len());
+        assert_eq!(store.len(), 1600);
         // The newest tasks are the ones kept.
         assert_eq!(store.owner("p", "task-99999"), Some(a));
         assert_eq!(store.owner("p", "task-0"), None);
+        assert_eq!(
+            store.owner("p", "task-98400"),
+            Some(a),
+            "exactly the newest 1600"
+        );
+        assert_eq!(store.owner("p", "task-98399"), None);
+    }
+
+    /// Hole 4: at every capacity the oldest goes first, never a newer one.
+    #[test]
+    fn least_recently_used_out_at_every_capacity() {
+        let a = aic("10001000011K912345E789ABCDEF2353");
+        for cap in [1usize, 2, 3, 16, 64] {
+            let store = MemoryTaskOwners::new(cap, Duration::from_secs(3600));
+            let n = cap * 10 + 7;
+            for i in 0..n {
+                store.claim("p", &format!("t{i}"), &a, None).unwrap();
+                assert_eq!(store.len(), (i + 1).min(cap));
+            }
+            let known: Vec<usize> = (0..n)
+                .filter(|i| store.owner("p", &format!("t{i}")).is_some())
+                .collect();
+            assert_eq!(known, ((n - cap)..n).collect::<Vec<_>>(), "capacity {cap}");
+        }
+        // Use keeps an old task: with capacity 2, t0 used after t1 outlives t1.
+        let store = MemoryTaskOwners::new(2, Duration::from_secs(3600));
+        store.claim("p", "t0", &a, None).unwrap();
+        store.claim("p", "t1", &a, None).unwrap();
+        assert!(store.owner("p", "t0").is_some());
+        store.claim("p", "t2", &a, None).unwrap();
+        assert!(store.owner("p", "t0").is_some());
+        assert!(store.owner("p", "t1").is_none());
+    }
+
+    #[test]
+    fn release_only_by_the_owner() {
+        let a = aic("10001000011K912345E789ABCDEF2353");
+        let b = aic("10001000011K94ZH3VDXLP4S5EB63614");
+        let store = MemoryTaskOwners::new(10, Duration::from_secs(3600));
+        store.claim("p", "t", &a, None).unwrap();
+        store.release("p", "t", &b);
+        assert_eq!(store.owner("p", "t"), Some(a));
+        store.release("p", "t", &a);
+        assert_eq!(store.owner("p", "t"), None);
     }
 }

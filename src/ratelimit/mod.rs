@@ -7,16 +7,20 @@
 //!   total per-Partner quota, all GCRA (governor), checked in that order (a request refused
 //!   by a later quota has still spent its token in the earlier ones, as with any chain).
 //! - [`concurrency`]: in-flight requests per Partner and open streams per AIC, held until
-//!   the response body ends.
+//!   the work they count ends.
+//!
+//! A config reload keeps the state of every quota whose settings did not change
+//! ([`Limiter::reconfigured`]): reloading never hands a throttled caller a fresh burst.
 
 pub mod concurrency;
 pub mod store;
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
+use std::sync::Arc;
 use std::time::Duration;
 
-use governor::clock::{Clock, QuantaUpkeepClock};
+use governor::clock::{Clock, QuantaUpkeepClock, Reference};
 use governor::middleware::NoOpMiddleware;
 use governor::state::{InMemoryState, NotKeyed};
 use governor::{Quota, RateLimiter};
@@ -60,13 +64,16 @@ pub trait Limiter: Send + Sync {
     fn sweep(&self);
     /// Keys tracked across the keyed stores.
     fn tracked(&self) -> usize;
+    /// The limiter for a new config: this very one when nothing changed, otherwise a new
+    /// one that continues this one's state for every quota whose settings are the same.
+    fn reconfigured(self: Arc<Self>, cfg: &LimiterConfig) -> anyhow::Result<Arc<dyn Limiter>>;
 }
 
 type Keyed<C> = RateLimiter<Aic, SlotStore<Aic>, C, NoOpMiddleware<<C as Clock>::Instant>>;
 type Direct<C> = RateLimiter<NotKeyed, InMemoryState, C, NoOpMiddleware<<C as Clock>::Instant>>;
 
 /// A Partner's quotas.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct PartnerRates {
     /// All callers together.
     pub total: Option<Rate>,
@@ -75,7 +82,7 @@ pub struct PartnerRates {
 }
 
 /// What the limiter is built from (see `[ratelimit]` and `[partner.limits]`).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct LimiterConfig {
     /// The default per-AIC quota.
     pub default: Option<Rate>,
@@ -89,20 +96,25 @@ pub struct LimiterConfig {
 
 struct KeyedLimit<C: Clock> {
     limiter: Keyed<C>,
+    rate: Rate,
+    slot: usize,
+    /// The clock when the limiter started (its states count from then).
+    started: C::Instant,
 }
 
 struct PartnerLimit<C: Clock> {
-    total: Option<Direct<C>>,
+    total: Option<(Rate, Arc<Direct<C>>)>,
     per_aic: Option<KeyedLimit<C>>,
 }
 
 /// The in-memory limiter (governor GCRA).
 pub struct GovernorLimiter<C: Clock + Clone = QuantaUpkeepClock> {
     clock: C,
+    cfg: LimiterConfig,
     /// One entry per AIC, a slot per keyed quota.
     store: CappedStore<Aic>,
     default: Option<KeyedLimit<C>>,
-    overrides: HashMap<Aic, Direct<C>, ahash::RandomState>,
+    overrides: HashMap<Aic, (Rate, Arc<Direct<C>>), ahash::RandomState>,
     partners: HashMap<String, PartnerLimit<C>, ahash::RandomState>,
     max_keys: usize,
 }
@@ -144,15 +156,27 @@ impl<C: Clock + Clone> GovernorLimiter<C> {
         let store = CappedStore::new(slots);
         let mut next_slot = 0;
         let mut keyed = |r: Rate| {
-            let slot = store.slot(next_slot);
+            let slot = next_slot;
             next_slot += 1;
+            // Read right before governor reads it for the limiter's start; with the
+            // coarse clock both see the same tick (at worst a millisecond apart).
+            let started = clock.now();
             KeyedLimit {
-                limiter: RateLimiter::new(r.quota(), slot, clock.clone()),
+                limiter: RateLimiter::new(r.quota(), store.slot(slot), clock.clone()),
+                rate: r,
+                slot,
+                started,
             }
         };
-        let direct = |r: Rate| RateLimiter::direct_with_clock(r.quota(), clock.clone());
+        let direct = |r: Rate| {
+            (
+                r,
+                Arc::new(RateLimiter::direct_with_clock(r.quota(), clock.clone())),
+            )
+        };
         let default = cfg.default.map(&mut keyed);
         GovernorLimiter {
+            cfg: cfg.clone(),
             default,
             overrides: cfg
                 .overrides
@@ -178,6 +202,40 @@ impl<C: Clock + Clone> GovernorLimiter<C> {
         }
     }
 
+    /// A limiter for `cfg` continuing this one's state where the settings are the same:
+    /// unkeyed quotas (overrides, Partner totals) are shared as they are; keyed ones copy
+    /// their per-AIC states into the new store. Requests admitted by this limiter while
+    /// the copy runs (a reload's few milliseconds) may be missing from the new one.
+    pub fn carried_over(&self, cfg: &LimiterConfig) -> Self {
+        let mut next = Self::with_clock(cfg, self.clock.clone());
+        for (aic, (rate, limiter)) in next.overrides.iter_mut() {
+            if let Some((old_rate, old)) = self.overrides.get(aic) {
+                if old_rate == rate {
+                    *limiter = old.clone();
+                }
+            }
+        }
+        for (name, p) in next.partners.iter_mut() {
+            let Some(old) = self.partners.get(name) else {
+                continue;
+            };
+            if let (Some((rate, total)), Some((old_rate, old_total))) = (&mut p.total, &old.total) {
+                if old_rate == rate {
+                    *total = old_total.clone();
+                }
+            }
+            if let (Some(k), Some(old_k)) = (&p.per_aic, &old.per_aic) {
+                next.store
+                    .carry_slot(&self.store, old_k.slot, k.slot, shift(old_k, k));
+            }
+        }
+        if let (Some(k), Some(old_k)) = (&next.default, &self.default) {
+            next.store
+                .carry_slot(&self.store, old_k.slot, k.slot, shift(old_k, k));
+        }
+        next
+    }
+
     fn keyed_check(
         &self,
         k: &KeyedLimit<C>,
@@ -198,7 +256,17 @@ impl<C: Clock + Clone> GovernorLimiter<C> {
     }
 }
 
-impl<C: Clock + Clone + Send + Sync> Limiter for GovernorLimiter<C>
+/// How much later `new` started than `old`, in nanoseconds; `u64::MAX` (nothing carried)
+/// when their rates differ.
+fn shift<C: Clock>(old: &KeyedLimit<C>, new: &KeyedLimit<C>) -> u64 {
+    if old.rate != new.rate {
+        return u64::MAX;
+    }
+    let d: Duration = new.started.duration_since(old.started).into();
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl<C: Clock + Clone + Send + Sync + 'static> Limiter for GovernorLimiter<C>
 where
     C::Instant: Send + Sync,
 {
@@ -210,7 +278,7 @@ where
             }
         };
         match self.overrides.get(aic) {
-            Some(own) => own.check().map_err(refused("aic_rate"))?,
+            Some((_, own)) => own.check().map_err(refused("aic_rate"))?,
             None => {
                 if let Some(k) = &self.default {
                     self.keyed_check(k, aic, "aic_rate")?;
@@ -221,7 +289,7 @@ where
             if let Some(k) = &p.per_aic {
                 self.keyed_check(k, aic, "aic_partner_rate")?;
             }
-            if let Some(total) = &p.total {
+            if let Some((_, total)) = &p.total {
                 total.check().map_err(refused("partner_rate"))?;
             }
         }
@@ -241,6 +309,13 @@ where
 
     fn tracked(&self) -> usize {
         self.store.tracked()
+    }
+
+    fn reconfigured(self: Arc<Self>, cfg: &LimiterConfig) -> anyhow::Result<Arc<dyn Limiter>> {
+        if *cfg == self.cfg {
+            return Ok(self);
+        }
+        Ok(Arc::new(self.carried_over(cfg)))
     }
 }
 
@@ -379,6 +454,62 @@ mod tests {
             l.check(&aic(99_999), None).is_ok(),
             "room again after the sweep"
         );
+    }
+
+    /// Hole 2: a reload keeps the state of unchanged quotas and resets changed ones.
+    #[test]
+    fn reconfigured_keeps_unchanged_quotas() {
+        let rate = |per_second, burst| Rate { per_second, burst };
+        let mut partners = HashMap::new();
+        partners.insert(
+            "p".to_owned(),
+            PartnerRates {
+                total: Some(rate(1.0, 3)),
+                per_aic: Some(rate(1.0, 2)),
+            },
+        );
+        let cfg = LimiterConfig {
+            default: Some(rate(1.0, 1)),
+            overrides: [(aic(9), rate(1.0, 1))].into(),
+            partners,
+            max_keys: 100,
+        };
+        let clock = FakeRelativeClock::default();
+        let l: Arc<dyn Limiter> = Arc::new(GovernorLimiter::with_clock(&cfg, clock.clone()));
+        let (a, special) = (aic(1), aic(9));
+        assert!(l.check(&a, Some("p")).is_ok());
+        assert!(l.check(&a, Some("p")).is_err(), "default quota spent");
+        assert!(l.check(&special, None).is_ok());
+        assert!(l.check(&special, None).is_err());
+        clock.advance(Duration::from_millis(300));
+        // The same settings: the very same limiter.
+        let same = l.clone().reconfigured(&cfg).unwrap();
+        assert!(Arc::ptr_eq(&same, &l));
+        // Another quota changed: the unchanged ones keep their state.
+        let mut cfg2 = cfg.clone();
+        cfg2.partners.insert(
+            "q".to_owned(),
+            PartnerRates {
+                total: None,
+                per_aic: Some(rate(5.0, 5)),
+            },
+        );
+        let l2 = l.clone().reconfigured(&cfg2).unwrap();
+        assert!(!Arc::ptr_eq(&l2, &l));
+        assert_eq!(l2.check(&a, None).unwrap_err().reason, "aic_rate");
+        assert_eq!(
+            l2.check(&a, None).unwrap_err().retry_after,
+            Duration::from_millis(700),
+            "the same debt, counted from the new limiter's start"
+        );
+        assert_eq!(l2.check(&special, None).unwrap_err().reason, "aic_rate");
+        clock.advance(Duration::from_millis(700));
+        assert!(l2.check(&a, Some("p")).is_ok());
+        // A changed quota starts afresh.
+        let mut cfg3 = cfg2.clone();
+        cfg3.default = Some(rate(1.0, 4));
+        let l3 = l2.clone().reconfigured(&cfg3).unwrap();
+        assert_eq!((0..5).filter(|_| l3.check(&a, None).is_ok()).count(), 4);
     }
 
     /// Two keyed quotas share one entry per AIC; a sweep frees it only when both are fresh.

@@ -59,6 +59,32 @@ impl<K: Hash + Eq + Clone> CappedStore<K> {
         self.0.map.contains_key(key)
     }
 
+    /// Carries one quota's states over from another store (a config reload that kept the
+    /// quota's settings): for every key with a state in `from`'s slot `from_slot`, sets
+    /// this store's slot `to_slot`. States are GCRA theoretical arrival times counted from
+    /// each limiter's start; `shift` is how much later this store's limiter started, so
+    /// each is moved back by it (a time at or before the new start is fresh, 0).
+    pub fn carry_slot(&self, from: &CappedStore<K>, from_slot: usize, to_slot: usize, shift: u64) {
+        let inner = &self.0;
+        for item in from.0.map.iter() {
+            let old = item.value()[from_slot].load(Ordering::Acquire);
+            let moved = old.saturating_sub(shift);
+            if old == 0 || moved == 0 {
+                continue;
+            }
+            match inner.map.entry(item.key().clone()) {
+                Entry::Occupied(e) => e.get()[to_slot].store(moved, Ordering::Release),
+                Entry::Vacant(v) => {
+                    let cells: Box<[AtomicU64]> =
+                        (0..inner.slots).map(|_| AtomicU64::new(0)).collect();
+                    cells[to_slot].store(moved, Ordering::Release);
+                    v.insert(cells);
+                    inner.len.fetch_add(1, Ordering::AcqRel);
+                }
+            }
+        }
+    }
+
     /// The view of one slot, for one governor limiter.
     pub fn slot(&self, slot: usize) -> SlotStore<K> {
         assert!(slot < self.0.slots, "slot {slot} of {}", self.0.slots);

@@ -7,6 +7,11 @@
 //! stream is still open keeps serving the Leaders already following it.
 //!
 //! Locking: the index lock may be taken before a record's lock, never after it.
+//!
+//! Accounting: a record's bytes and events are added to and taken from the store's totals
+//! only while that record's lock is held, so the totals are always the sum of what the
+//! records hold and can never go below zero (a trim or clear racing an append cannot
+//! subtract bytes before they were added).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -255,6 +260,7 @@ impl MemRecord {
 
     /// Removes the oldest entry; false when there is none.
     fn trim_one(&self) -> bool {
+        let sh = self.totals();
         let mut st = lock(&self.state);
         let Some(e) = st.entries.pop_front() else {
             return false;
@@ -264,17 +270,18 @@ impl MemRecord {
         if e.seq != NO_SEQ {
             st.evicted_through = Some(st.evicted_through.map_or(e.seq, |x| x.max(e.seq)));
         }
-        drop(st);
-        if let Some(sh) = self.totals() {
+        if let Some(sh) = sh {
             sh.totals.bytes.fetch_sub(e.bytes.len(), Ordering::AcqRel);
             sh.totals.events.fetch_sub(1, Ordering::AcqRel);
             sh.totals.evicted_events.fetch_add(1, Ordering::Relaxed);
         }
+        drop(st);
         true
     }
 
     /// Drops every entry (the record left the store).
     fn clear(&self) {
+        let sh = self.totals();
         let mut st = lock(&self.state);
         let (bytes, n) = (st.bytes, st.entries.len());
         if let Some(last) = st.last_seq {
@@ -283,11 +290,11 @@ impl MemRecord {
         st.base_pos += n as u64;
         st.entries.clear();
         st.bytes = 0;
-        drop(st);
-        if let Some(sh) = self.totals() {
+        if let Some(sh) = sh {
             sh.totals.bytes.fetch_sub(bytes, Ordering::AcqRel);
             sh.totals.events.fetch_sub(n, Ordering::AcqRel);
         }
+        drop(st);
         self.changes.send_modify(|v| *v += 1);
     }
 }
@@ -337,9 +344,9 @@ impl StreamRecord for MemRecord {
                 trimmed_bytes += e.bytes.len();
             }
         }
-        drop(st);
-        // A record outlives its store only in tests and at shutdown; it still logs then.
-        if let Some(sh) = sh {
+        // Counted under the record's lock (see the module docs). A record outlives its
+        // store only in tests and at shutdown; it still logs then.
+        if let Some(sh) = &sh {
             let t = &sh.totals;
             t.bytes.fetch_add(len, Ordering::AcqRel);
             t.bytes.fetch_sub(trimmed_bytes, Ordering::AcqRel);
@@ -349,6 +356,10 @@ impl StreamRecord for MemRecord {
                 t.evicted_events
                     .fetch_add(trimmed as u64, Ordering::Relaxed);
             }
+        }
+        drop(st);
+        if let Some(sh) = sh {
+            let t = &sh.totals;
             if t.bytes.load(Ordering::Acquire) > sh.limits.max_total_bytes {
                 sh.make_room(&mut lock(&sh.index), 0);
             }
@@ -369,8 +380,8 @@ impl StreamRecord for MemRecord {
         self.changes.send_modify(|v| *v += 1);
     }
 
-    fn last_seq(&self) -> Option<u64> {
-        lock(&self.state).last_seq
+    fn is_finished(&self) -> bool {
+        lock(&self.state).end.is_some()
     }
 
     fn first_cursor(&self) -> Cursor {
@@ -479,6 +490,48 @@ mod tests {
             id_start: 0,
             id_len: 0,
         }
+    }
+
+    /// Hole 11: appends racing clears (a stream restarted under the same key) never make
+    /// the byte total wrap. A wrapped total looks over budget to whichever append checks
+    /// it next, which then trims open streams: with budgets far above what the test holds,
+    /// any trim at all is the wrap's doing.
+    #[test]
+    fn totals_never_underflow_under_races() {
+        let store = Arc::new(MemoryStore::new(ReplayLimits {
+            max_events_per_stream: usize::MAX,
+            max_bytes_per_stream: usize::MAX,
+            ..limits()
+        }));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let raced = Arc::new(Mutex::new(store.open(key(0), meta())));
+        let spawn = |record: Arc<Mutex<Arc<dyn StreamRecord>>>| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let r = lock(&record).clone();
+                    for seq in 0..64 {
+                        r.append(entry(seq, 10));
+                    }
+                }
+            })
+        };
+        let appenders = [spawn(raced.clone()), spawn(raced.clone())];
+        let started = std::time::Instant::now();
+        let mut reopened = 0;
+        while started.elapsed() < Duration::from_millis(1500) {
+            // Replacing the record clears the old one while it is still appended to.
+            *lock(&raced) = store.open(key(0), meta());
+            reopened += 1;
+            let st = store.stats();
+            assert_eq!(st.evicted_events, 0, "trimmed after {reopened} reopenings");
+            assert_eq!(st.evicted_streams, 0, "evicted after {reopened} reopenings");
+        }
+        stop.store(true, Ordering::Relaxed);
+        for a in appenders {
+            a.join().unwrap();
+        }
+        assert_eq!(store.stats().evicted_events, 0);
     }
 
     fn seqs(r: &Arc<dyn StreamRecord>, mut c: Cursor) -> Vec<u64> {

@@ -9,6 +9,7 @@
 //! only after `detach_timeout` with no follower).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,9 +39,15 @@ pub struct StreamSettings {
 }
 
 /// Reads the Partner's SSE body into `record` until the stream ends, fails, idles out,
-/// or has had no follower for `detach_timeout`. Always finishes the record.
-pub async fn record_upstream<B>(body: B, record: Arc<dyn StreamRecord>, s: StreamSettings)
-where
+/// or has had no follower for `detach_timeout`. Always finishes the record. `held` (the
+/// permits counting the Partner's stream) is released only then, so a stream whose Leader
+/// left still counts against the limits while the Partner keeps it open.
+pub async fn record_upstream<B, G>(
+    body: B,
+    record: Arc<dyn StreamRecord>,
+    s: StreamSettings,
+    held: G,
+) where
     B: Body<Data = Bytes> + Unpin,
 {
     let mut body = body;
@@ -88,6 +95,8 @@ where
         }
     };
     // Dropping `body` here cancels the upstream request if it is still open.
+    drop(body);
+    drop(held);
     record.finish(end);
 }
 
@@ -129,6 +138,8 @@ struct Follower {
     keepalive: Duration,
     last_sent: Option<u64>,
     done: bool,
+    /// The Partner's events sent to this Leader (for the access log).
+    events: Arc<AtomicU64>,
     _guard: super::replay::FollowerGuard,
 }
 
@@ -136,13 +147,15 @@ struct Follower {
 /// line, and its JSON-RPC id is replaced by `id` when they differ (spliced into the
 /// event's own bytes, never re-serialized). An abnormal end or an eviction gap becomes a
 /// final JSON-RPC error event, and so does `closing` turning true (a shutdown whose drain
-/// time is over).
+/// time is over). `events` counts the Partner's events sent (not the gateway's own error
+/// event, nor keep-alive comments).
 pub fn follow(
     record: Arc<dyn StreamRecord>,
     cursor: Cursor,
     id: RpcId,
     keepalive: Duration,
     closing: tokio::sync::watch::Receiver<bool>,
+    events: Arc<AtomicU64>,
 ) -> ResponseBody {
     let state = Follower {
         closing: Some(closing),
@@ -156,6 +169,7 @@ pub fn follow(
         keepalive,
         last_sent: None,
         done: false,
+        events,
     };
     let frames = futures_util::stream::unfold(state, |mut st| async move {
         loop {
@@ -232,6 +246,7 @@ async fn closing_changed(
 
 impl Follower {
     fn push_event(&mut self, e: &Entry) {
+        self.events.fetch_add(1, Ordering::Relaxed);
         if e.seq != NO_SEQ {
             self.queue
                 .push_back(Bytes::from(format!("id: {}\n", e.seq)));
@@ -248,19 +263,30 @@ impl Follower {
     }
 
     fn error_event(&self, reason: &'static str, last_available: Option<u64>) -> Bytes {
-        let data = ErrorData {
-            reason,
-            last_event_seq: Some(self.last_sent),
-            last_available_seq: last_available,
-            ..Default::default()
-        };
-        let body = error_body(&self.id, codes::INTERNAL_ERROR, "Internal error", &data);
-        let mut out = Vec::with_capacity(body.len() + 8);
-        out.extend_from_slice(b"data: ");
-        out.extend_from_slice(&body);
-        out.extend_from_slice(b"\n\n");
-        Bytes::from(out)
+        error_event(&self.id, reason, Some(self.last_sent), last_available)
     }
+}
+
+/// A final SSE event carrying a JSON-RPC -32603 error: `reason`, and the last `eventSeq`
+/// the Leader got (`Some(None)` for none; `None` when the gateway cannot tell).
+pub fn error_event(
+    id: &RpcId,
+    reason: &'static str,
+    last_event_seq: Option<Option<u64>>,
+    last_available: Option<u64>,
+) -> Bytes {
+    let data = ErrorData {
+        reason,
+        last_event_seq,
+        last_available_seq: last_available,
+        ..Default::default()
+    };
+    let body = error_body(id, codes::INTERNAL_ERROR, "Internal error", &data);
+    let mut out = Vec::with_capacity(body.len() + 8);
+    out.extend_from_slice(b"data: ");
+    out.extend_from_slice(&body);
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
 }
 
 #[cfg(test)]
@@ -347,6 +373,7 @@ mod tests {
             RpcId::null(),
             Duration::from_secs(15),
             never_closing(),
+            Arc::default(),
         );
         let t0 = Instant::now();
         assert_eq!(next_text(&mut body).await, ": keep-alive\n\n");
@@ -368,7 +395,7 @@ mod tests {
             idle_timeout: Duration::from_secs(30),
             ..settings()
         };
-        let task = tokio::spawn(record_upstream(open_body(vec![]), rec.clone(), s));
+        let task = tokio::spawn(record_upstream(open_body(vec![]), rec.clone(), s, ()));
         let t0 = Instant::now();
         task.await.unwrap();
         assert!(t0.elapsed() >= Duration::from_secs(30));
@@ -385,17 +412,25 @@ mod tests {
     async fn upstream_is_kept_while_detached_then_cancelled() {
         let rec = record();
         let guard = rec.clone().follow();
+        let permits = Arc::new(());
         let task = tokio::spawn(record_upstream(
             open_body(vec![b"data: {\"result\":{\"eventSeq\":1}}\n\n"]),
             rec.clone(),
             settings(),
+            permits.clone(),
         ));
         tokio::time::sleep(Duration::from_secs(1)).await;
         let t_detach = Instant::now();
         drop(guard); // the Leader went away
         tokio::time::sleep(Duration::from_secs(59)).await;
         assert!(!task.is_finished(), "cancelled before detach_timeout");
+        assert_eq!(
+            Arc::strong_count(&permits),
+            2,
+            "the Partner stream holds its permits"
+        );
         task.await.unwrap();
+        assert_eq!(Arc::strong_count(&permits), 1, "released when it ends");
         assert!(t_detach.elapsed() >= Duration::from_secs(60));
         let (out, end) = read_all(&rec);
         assert_eq!(out.len(), 1);
@@ -411,7 +446,12 @@ mod tests {
     async fn a_returning_follower_stops_the_detach_clock() {
         let rec = record();
         let guard = rec.clone().follow();
-        let task = tokio::spawn(record_upstream(open_body(vec![]), rec.clone(), settings()));
+        let task = tokio::spawn(record_upstream(
+            open_body(vec![]),
+            rec.clone(),
+            settings(),
+            (),
+        ));
         tokio::time::sleep(Duration::from_secs(1)).await;
         drop(guard);
         tokio::time::sleep(Duration::from_secs(30)).await;
@@ -429,6 +469,7 @@ mod tests {
             RpcId::null(),
             Duration::from_secs(15),
             never_closing(),
+            Arc::default(),
         );
         let big: &'static [u8] = Box::leak(vec![b'x'; 2000].into_boxed_slice());
         record_upstream(
@@ -439,6 +480,7 @@ mod tests {
             ]),
             rec.clone(),
             settings(),
+            (),
         )
         .await;
         assert!(next_text(&mut body).await.starts_with("id: 1\n"));

@@ -115,8 +115,8 @@ pub trait StreamRecord: Send + Sync {
     fn append(&self, entry: Entry);
     /// Marks the stream ended.
     fn finish(&self, end: StreamEnd);
-    /// The highest `eventSeq` appended.
-    fn last_seq(&self) -> Option<u64>;
+    /// Whether the stream has ended (its recorder is gone).
+    fn is_finished(&self) -> bool;
     /// A cursor at the very start, for the Leader whose request opened the stream.
     fn first_cursor(&self) -> Cursor;
     /// A cursor that sees every event with `eventSeq > after` (all when `None`), or the

@@ -12,6 +12,8 @@
 
 use std::sync::Arc;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use anyhow::Context;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, UnixTime};
@@ -25,16 +27,23 @@ use rustls::{
 use super::pem;
 use crate::config::{ClientAuthMode, ListenerConfig};
 use crate::identity::cert::aic_from_certificate;
+use crate::identity::Trust;
 
-/// What the accept loop needs: the rustls config, and the chain verifier to run after
-/// the handshake when it was deferred.
+/// What the accept loop needs: the rustls config, and the trust settings every
+/// connection's verdict is judged against (after the handshake, and again whenever they
+/// change: see `identity::verdict`).
 #[derive(Clone)]
 pub struct ServerTls {
     /// The rustls server configuration.
     pub config: Arc<ServerConfig>,
-    /// `Some` in `jsonrpc` mode: verify the chain after the handshake with this.
-    pub deferred_chain_verifier: Option<Arc<dyn ClientCertVerifier>>,
+    /// The chain verifier, its generation and the CRLs' expiry.
+    pub trust: Trust,
+    /// `strict` mode: the handshake itself verified the chain (full handshakes only).
+    pub strict: bool,
 }
+
+/// Each build of the listener's TLS settings is a new trust generation.
+static GENERATION: AtomicU64 = AtomicU64::new(1);
 
 /// The crypto provider used everywhere (ring).
 pub fn provider() -> Arc<CryptoProvider> {
@@ -51,10 +60,7 @@ pub fn client_chain_verifier(l: &ListenerConfig) -> anyhow::Result<Arc<dyn Clien
                 .with_context(|| format!("{}: not a usable CA certificate", path.display()))?;
         }
     }
-    let mut crls = Vec::new();
-    for path in &l.crl {
-        crls.extend(pem::load_crls(path)?);
-    }
+    let crls = load_crls(l)?;
     let mut builder =
         WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider()).with_crls(crls);
     if !l.allow_expired_crl {
@@ -68,6 +74,35 @@ pub fn client_chain_verifier(l: &ListenerConfig) -> anyhow::Result<Arc<dyn Clien
         .context("listener: cannot build the client verifier")
 }
 
+fn load_crls(
+    l: &ListenerConfig,
+) -> anyhow::Result<Vec<rustls::pki_types::CertificateRevocationListDer<'static>>> {
+    let mut crls = Vec::new();
+    for path in &l.crl {
+        crls.extend(pem::load_crls(path)?);
+    }
+    Ok(crls)
+}
+
+/// The earliest `nextUpdate` of the configured CRLs (Unix seconds), when expired CRLs are
+/// refused: a verdict judged before then must be judged again from then on.
+fn crl_next_update(l: &ListenerConfig) -> anyhow::Result<Option<u64>> {
+    use x509_parser::prelude::{CertificateRevocationList, FromDer};
+    if l.allow_expired_crl {
+        return Ok(None);
+    }
+    let mut earliest: Option<u64> = None;
+    for der in load_crls(l)? {
+        if let Ok((_, crl)) = CertificateRevocationList::from_der(&der) {
+            if let Some(next) = crl.next_update() {
+                let t = u64::try_from(next.timestamp()).unwrap_or(0);
+                earliest = Some(earliest.map_or(t, |e| e.min(t)));
+            }
+        }
+    }
+    Ok(earliest)
+}
+
 /// Builds the listener's TLS settings.
 pub fn build(l: &ListenerConfig, aic_suffix: &str) -> anyhow::Result<ServerTls> {
     let chain = client_chain_verifier(l)?;
@@ -76,7 +111,12 @@ pub fn build(l: &ListenerConfig, aic_suffix: &str) -> anyhow::Result<ServerTls> 
         inner: chain.clone(),
         strict_aic_suffix: strict.then(|| aic_suffix.to_owned()),
     });
-    let deferred = (!strict).then_some(chain);
+    let trust = Trust {
+        verifier: chain,
+        generation: GENERATION.fetch_add(1, Ordering::Relaxed),
+        crl_next_update: crl_next_update(l)?,
+        aic_suffix: aic_suffix.into(),
+    };
     let certs = pem::load_certs(&l.cert).context("listener.cert")?;
     let key = pem::load_key(&l.key).context("listener.key")?;
     let mut config = ServerConfig::builder_with_provider(provider())
@@ -88,7 +128,8 @@ pub fn build(l: &ListenerConfig, aic_suffix: &str) -> anyhow::Result<ServerTls> 
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(ServerTls {
         config: Arc::new(config),
-        deferred_chain_verifier: deferred,
+        trust,
+        strict,
     })
 }
 

@@ -3,6 +3,7 @@
 
 mod auth;
 mod demo;
+mod enforcement;
 mod envelope;
 mod forward;
 mod ops;

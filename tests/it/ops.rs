@@ -101,7 +101,7 @@ async fn metrics_count_good_and_bad_requests() {
 }
 
 #[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<u8>>>);
+pub struct Capture(Arc<Mutex<Vec<u8>>>);
 
 impl std::io::Write for Capture {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
@@ -115,7 +115,7 @@ impl std::io::Write for Capture {
 
 impl Capture {
     /// This test's access lines (its Partners are named `logged-*`; other tests log too).
-    fn access_lines(&self) -> Vec<serde_json::Value> {
+    pub fn access_lines(&self) -> Vec<serde_json::Value> {
         String::from_utf8_lossy(&self.0.lock().unwrap())
             .lines()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
@@ -132,7 +132,7 @@ impl Capture {
 /// One global subscriber for this test binary, capturing access-log events as JSON. (A
 /// thread-scoped `set_default` misses events when other tests on other threads hit the
 /// same callsite first: tracing caches callsite interest process-wide.)
-fn capture() -> &'static Capture {
+pub fn capture() -> &'static Capture {
     static CAPTURE: std::sync::OnceLock<Capture> = std::sync::OnceLock::new();
     CAPTURE.get_or_init(|| {
         let capture = Capture::default();

@@ -66,7 +66,7 @@ async fn crl_partner_and_invalid_config_changes() {
         leader.post(gw.addr, "/p/rpc", &body).await.unwrap().status,
         200
     );
-    // A connection opened before the reload keeps working after it.
+    // A connection opened before the reload is judged by the new CRL too (issue 8).
     let stream = leader.connect(gw.addr).await.unwrap();
     let (mut old_conn, conn) = hyper::client::conn::http2::handshake(
         hyper_util::rt::TokioExecutor::new(),
@@ -76,7 +76,7 @@ async fn crl_partner_and_invalid_config_changes() {
     .unwrap();
     tokio::spawn(conn);
 
-    // 1. A new CRL revokes the Leader for new connections.
+    // 1. A new CRL revokes the Leader for new connections and open ones.
     replace_file(&crl_path, &crl(&pki, &[0xAB12]));
     wait_reloads(&gw, "ok", 1).await;
     let r = leader.post(gw.addr, "/p/rpc", &body).await.unwrap();
@@ -85,7 +85,7 @@ async fn crl_partner_and_invalid_config_changes() {
     let req = http::Request::post("https://localhost/p/rpc")
         .body(http_body_util::Full::new(bytes::Bytes::from(body.clone())))
         .unwrap();
-    assert_eq!(old_conn.send_request(req).await.unwrap().status(), 200);
+    assert_eq!(old_conn.send_request(req).await.unwrap().status(), 401);
 
     // 2. A new Partner becomes routable.
     let ok_before = reloads(&gw, "ok").await;

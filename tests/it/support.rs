@@ -193,6 +193,10 @@ pub enum Behaviour {
     Hang,
     /// Answers like `Echo` after a pause.
     Delay(Duration),
+    /// A 404 HTML page when the body contains this text, else like `Echo`.
+    RefuseFrom(&'static str),
+    /// A 200 response head and the start of a body, then nothing more.
+    StallAfterHead,
 }
 
 /// A Partner that records what reaches it.
@@ -281,14 +285,39 @@ async fn serve_partner<I>(
         async move {
             let (parts, body) = req.into_parts();
             let body = body.collect().await.unwrap().to_bytes();
+            let refused = matches!(behaviour, Behaviour::RefuseFrom(who)
+                if String::from_utf8_lossy(&body).contains(who));
             seen.lock().unwrap().push(Seen {
                 path: parts.uri.path().to_owned(),
                 headers: parts.headers,
                 body,
                 tls_client_aic: aic,
             });
+            type Boxed = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+            let respond = |status: u16, ctype: &str, body: Boxed| {
+                let mut r = Response::new(body);
+                *r.status_mut() = StatusCode::from_u16(status).unwrap();
+                r.headers_mut()
+                    .insert("content-type", ctype.parse().unwrap());
+                Ok::<_, Infallible>(r)
+            };
+            if refused {
+                let page = Full::new(Bytes::from_static(b"<!DOCTYPE html><h1>Not Found</h1>"));
+                return respond(404, "text/html", page.boxed());
+            }
+            if let Behaviour::StallAfterHead = behaviour {
+                let head = futures_util::stream::iter([Ok::<_, Infallible>(
+                    hyper::body::Frame::data(Bytes::from_static(b"{\"jsonrpc\":\"2.0\",")),
+                )]);
+                let body = futures_util::StreamExt::chain(head, futures_util::stream::pending());
+                return respond(
+                    200,
+                    "application/json",
+                    http_body_util::StreamBody::new(body).boxed(),
+                );
+            }
             let text = match behaviour {
-                Behaviour::Echo => format!(
+                Behaviour::Echo | Behaviour::RefuseFrom(_) => format!(
                     r#"{{"jsonrpc":"2.0","id":"p","result":{{"path":"{}"}}}}"#,
                     parts.uri.path()
                 ),
@@ -301,11 +330,13 @@ async fn serve_partner<I>(
                     tokio::time::sleep(d).await;
                     r#"{"jsonrpc":"2.0","id":"p","result":{"late":true}}"#.to_owned()
                 }
+                Behaviour::StallAfterHead => unreachable!(),
             };
-            let mut r = Response::new(Full::new(Bytes::from(text)));
-            r.headers_mut()
-                .insert("content-type", "application/json".parse().unwrap());
-            Ok::<_, Infallible>(r)
+            respond(
+                200,
+                "application/json",
+                Full::new(Bytes::from(text)).boxed(),
+            )
         }
     });
     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())

@@ -6,8 +6,10 @@ use tokio::net::TcpStream;
 
 use crate::support::*;
 
-const SHORT: &str =
-    "header_read_timeout = \"300ms\"\nbody_read_timeout = \"300ms\"\nidle_timeout = \"300ms\"";
+/// Every client-side bound short. A silent HTTP/2 client is closed by the keep-alive PING
+/// that follows `idle_timeout` going unanswered for `http2_keepalive_timeout` (h2's
+/// graceful close waits for that PING's answer).
+const SHORT: &str = "header_read_timeout = \"300ms\"\nbody_read_timeout = \"300ms\"\nidle_timeout = \"300ms\"\nhttp2_keepalive_timeout = \"300ms\"";
 
 async fn read_to_end<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> Vec<u8> {
     let mut out = Vec::new();
