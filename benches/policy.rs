@@ -15,6 +15,11 @@ use criterion::{criterion_group, criterion_main, Criterion};
 /// Every check and quota on at once (shared with tests/alloc.rs).
 const CONFIG: &str = include_str!("../tests/data/policy.toml");
 
+/// The per-request snapshot load and verdict read (shared with tests/alloc.rs).
+#[path = "../tests/common/per_request.rs"]
+mod per_request;
+use per_request::PerRequest;
+
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -35,13 +40,18 @@ fn bench(c: &mut Criterion) {
         tasks.claim("p", &format!("task-{i}"), a, None).unwrap();
     }
     let partner = &cfg.partners[0];
+    let per_request = PerRequest::new(&cfg);
     let mut g = c.benchmark_group("policy");
     let mut i = 0usize;
+    g.bench_function("snapshot_load_and_verdict", |b| {
+        b.iter(|| assert!(per_request.run()))
+    });
     g.bench_function("access_and_limits_100k_aics", |b| {
         b.iter(|| {
             // Sequential through the AICs: the limiter's lookups still land anywhere in
             // its 100,000-key map, but the benchmark adds no cache miss of its own.
             i = (i + 1) % aics.len();
+            assert!(per_request.run());
             let aic = &aics[i];
             cfg.policy.check_blocked(aic).unwrap();
             cfg.policy.check_role(black_box(Some("leader"))).unwrap();
@@ -63,6 +73,7 @@ fn bench(c: &mut Criterion) {
     g.bench_function("access_and_limits_100k_aics_typical", |b| {
         b.iter(|| {
             i = (i + 1) % aics.len();
+            assert!(per_request.run());
             let aic = &aics[i];
             typical_cfg.policy.check_blocked(aic).unwrap();
             typical_cfg

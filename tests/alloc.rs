@@ -1,5 +1,6 @@
 //! The allowed path of the policy and limiter checks allocates nothing (issue 4's goal),
-//! counted by a global allocator in this test binary of its own.
+//! nor does the per-request snapshot load and verdict read (issue 8), counted by a global
+//! allocator in this test binary of its own.
 #![allow(unsafe_code, missing_docs)] // a counting global allocator needs `unsafe impl`
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -37,6 +38,10 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+#[path = "common/per_request.rs"]
+mod per_request;
+use per_request::PerRequest;
+
 #[test]
 fn allowed_path_does_not_allocate() {
     let text = include_str!("data/policy.toml"); // every check and quota on
@@ -48,7 +53,9 @@ fn allowed_path_does_not_allocate() {
     ));
     let aic = Aic::parse("10001000011K912345E789ABCDEF2353").unwrap();
     let partner = &cfg.partners[0];
+    let per_request = PerRequest::new(&cfg);
     let check = || {
+        assert!(per_request.run());
         cfg.policy.check_blocked(&aic).unwrap();
         cfg.policy.check_role(Some("leader")).unwrap();
         partner.access.check(&aic, Method::Rpc, "p").unwrap();

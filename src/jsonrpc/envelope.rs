@@ -170,6 +170,29 @@ fn bad_param(field: &'static str, message: impl Into<String>) -> EnvelopeError {
 /// Phase one: text (RFC 8259: UTF-8, and no string a parser could not decode), syntax,
 /// shape (an object, not a batch) and duplicate keys.
 pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseFailure<'_>> {
+    parse_with(body, true)
+}
+
+/// The verdict of the parse as the gateway runs it (fast path first) and of the same
+/// parse with the lenient pass alone, each as text: the fuzz target checks they agree.
+#[doc(hidden)]
+pub fn verdicts(body: &[u8]) -> (String, String) {
+    fn outcome(r: Result<Parsed<'_>, ParseFailure<'_>>) -> String {
+        match r {
+            Err(f) => format!("parse-err {:?} id={:?}", f.error, f.id.map(|i| i.get())),
+            Ok(p) => {
+                let id = p.id().map(|i| i.get().to_owned());
+                format!("{:?} id={id:?}", p.validate())
+            }
+        }
+    }
+    (
+        outcome(parse_with(body, true)),
+        outcome(parse_with(body, false)),
+    )
+}
+
+fn parse_with(body: &[u8], fast: bool) -> Result<Parsed<'_>, ParseFailure<'_>> {
     // The parser checks UTF-8 only in the strings it reads; message text and unknown fields
     // are skipped unchecked. One pass over the whole body settles it before anything is
     // forwarded (std's validator runs at memory speed on ASCII).
@@ -194,8 +217,10 @@ pub fn parse(body: &[u8]) -> Result<Parsed<'_>, ParseFailure<'_>> {
         return Err(ParseFailure { id: None, error });
     }
     // Fast path: valid requests parse strictly; anything else takes the lenient pass.
-    if let Ok(fast) = serde_json::from_slice::<super::strict::FastEnvelope<'_>>(body) {
-        return Ok(Parsed { raw: fast.into() });
+    if fast {
+        if let Ok(fast) = serde_json::from_slice::<super::strict::FastEnvelope<'_>>(body) {
+            return Ok(Parsed { raw: fast.into() });
+        }
     }
     parse_lenient(body)
 }

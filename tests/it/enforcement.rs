@@ -474,24 +474,29 @@ async fn abandoned_streams_keep_their_permits() {
     assert_eq!(s.next_event().await.unwrap().seq(), Some(1));
     s.disconnect(); // the Leader leaves; the Partner's stream goes on
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let r = a
-        .post(
+    // (On a gateway that freed the permits, this would be a stream that never ends.)
+    let r = within(
+        10,
+        a.post(
             gw.addr,
             "/p/stream",
             &stream_body("2", LEADER_A, "t2", "start", None),
-        )
-        .await
-        .unwrap();
+        ),
+    )
+    .await
+    .unwrap();
     assert_eq!(r.status, 429, "{}", r.text());
     assert_eq!(r.error().1, "partner_in_flight");
-    let r = b
-        .post(
+    let r = within(
+        10,
+        b.post(
             gw.addr,
             "/p/stream",
             &stream_body("3", LEADER_B, "u", "start", None),
-        )
-        .await
-        .unwrap();
+        ),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         r.error().1,
         "partner_in_flight",
@@ -556,14 +561,17 @@ async fn abandoned_streams_count_against_the_caller() {
     let feed = partner.feed("t1").await;
     s.disconnect();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let r = a
-        .post(
+    // (On a gateway that freed the permits, this would be a stream that never ends.)
+    let r = within(
+        10,
+        a.post(
             gw.addr,
             "/p/stream",
             &stream_body("2", LEADER_A, "t2", "start", None),
-        )
-        .await
-        .unwrap();
+        ),
+    )
+    .await
+    .unwrap();
     assert_eq!(r.status, 429, "{}", r.text());
     assert_eq!(r.error().1, "aic_streams");
     // Coming back to its own stream is served from the buffer and needs no new permit.
