@@ -32,7 +32,7 @@ impl PerRequest {
             .unwrap();
         let now = aipgw::identity::verdict::unix_now();
         let identity = aipgw::identity::ConnIdentity::new(
-            Some(&[leader.cert_der.clone()]),
+            Some(std::slice::from_ref(&leader.cert_der)),
             &trust,
             false,
             now,
