@@ -52,9 +52,38 @@ impl std::fmt::Debug for ConnIdentity {
     }
 }
 
-/// Seconds since the Unix epoch.
+/// Seconds since the Unix epoch, read per request without a system call.
+///
+/// A verdict needs whole seconds. The wall clock is read once a minute and carried forward
+/// on quanta's recent clock (an atomic that the rate limiter's upkeep thread refreshes
+/// every millisecond, or a TSC read without it), so the drift of the monotonic clock
+/// against the wall clock never builds up past a minute's worth (milliseconds at most).
 pub fn unix_now() -> u64 {
-    UnixTime::now().as_secs()
+    use std::sync::OnceLock;
+    struct Anchor {
+        unix: std::time::Duration,
+        at: quanta::Instant,
+    }
+    fn anchor() -> Anchor {
+        Anchor {
+            unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default(),
+            at: quanta::Instant::now(),
+        }
+    }
+    static ANCHOR: OnceLock<ArcSwap<Anchor>> = OnceLock::new();
+    let cell = ANCHOR.get_or_init(|| ArcSwap::from_pointee(anchor()));
+    let now = quanta::Instant::recent();
+    let a = cell.load();
+    let since = now.saturating_duration_since(a.at);
+    if since > std::time::Duration::from_secs(60) {
+        let fresh = anchor();
+        let secs = fresh.unix.as_secs();
+        cell.store(Arc::new(fresh));
+        return secs;
+    }
+    (a.unix + since).as_secs()
 }
 
 impl ConnIdentity {
