@@ -124,6 +124,15 @@ pub enum GatewayError {
 }
 
 impl GatewayError {
+    /// A concurrency limit (`reason`) is full: try again in a second.
+    pub fn busy(reason: &'static str) -> GatewayError {
+        GatewayError::RateLimited {
+            reason,
+            retry_after: std::time::Duration::from_secs(1),
+            body_unread: false,
+        }
+    }
+
     /// HTTP status, JSON-RPC code and reason label: the whole mapping.
     pub fn classify(&self) -> (StatusCode, i32, &'static str) {
         use codes::*;

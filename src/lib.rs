@@ -37,6 +37,7 @@
 //! - [`policy`]: who may call what: access rules, roles, block list, task ownership.
 //! - [`ratelimit`]: per-AIC and per-Partner quotas (governor), concurrency limits.
 //! - [`body`]: bounded request body reading.
+//! - [`relay_body`]: a Partner's body on its way back: idle bound, event count, permits.
 //! - [`error`]: the one error type and its mapping.
 //! - [`devcerts`]: development certificate generation (rcgen).
 //! - [`demo`]: a demo Partner implementing the AIP task state machine.
@@ -49,7 +50,6 @@ pub mod admin;
 pub mod body;
 pub mod cli;
 pub mod config;
-pub mod conn_limits;
 pub mod demo;
 pub mod devcerts;
 pub mod error;

@@ -133,8 +133,7 @@ async fn pipeline(
 ) -> Result<Response<ResponseBody>, Failure> {
     let cfg = &snap.config;
     let (parts, body) = req.into_parts();
-    let trace = log.trace.insert(TraceContext::from_request(&parts.headers));
-    let trace = trace.clone();
+    log.trace = Some(TraceContext::from_request(&parts.headers));
     if parts.method != http::Method::POST {
         return Err((GatewayError::HttpMethod(parts.method), RpcId::null()));
     }
@@ -262,7 +261,7 @@ async fn pipeline(
         partner
             .in_flight
             .try_acquire()
-            .ok_or_else(|| busy("partner_in_flight")),
+            .ok_or_else(|| GatewayError::busy("partner_in_flight")),
         &id,
     )?;
 
@@ -279,7 +278,9 @@ async fn pipeline(
     };
 
     let mut headers = upstream_headers(&parts.headers, &identity, conn.peer);
-    trace.apply(&mut headers);
+    if let Some(trace) = &log.trace {
+        trace.apply(&mut headers);
+    }
     let upstream = upstream_request(body, partner.pool.target(partner.path_for(method)), headers);
     let started = tokio::time::Instant::now();
     let idle = cfg.upstream.body_idle_timeout;
@@ -304,27 +305,22 @@ async fn pipeline(
         }
         None => {
             let resp = with_id(partner.pool.send(upstream).await, &id)?;
-            let resp = match claim {
-                Some(claim) => with_id(settle_claim(resp, claim, cfg, pname).await, &id)?,
-                None => resp.map(|b| b.boxed_unsync()),
-            };
-            let sse = is_event_stream(resp.headers()).then(|| SseTail {
+            let tail = || SseTail {
                 events: log.events.insert(Arc::default()).clone(),
                 id: id.clone(),
-            });
-            relay_response(resp, idle, sse).map(|b| hold(b, in_flight))
+            };
+            match claim {
+                Some(claim) => {
+                    let resp = with_id(settle_claim(resp, claim, cfg, pname).await, &id)?;
+                    relay_response(resp, idle, tail, in_flight)
+                }
+                // The usual path: hyper's body itself, wrapped once.
+                None => relay_response(resp, idle, tail, in_flight),
+            }
         }
     };
     log.upstream = Some(started.elapsed());
     Ok(resp)
-}
-
-fn busy(reason: &'static str) -> GatewayError {
-    GatewayError::RateLimited {
-        reason,
-        retry_after: Duration::from_secs(1),
-        body_unread: false,
-    }
 }
 
 /// Whether a response is an event stream.
@@ -570,19 +566,24 @@ pub fn upstream_headers(src: &HeaderMap, identity: &PeerIdentity, peer: SocketAd
     out
 }
 
-/// The Partner's response, streamed back with hop-by-hop headers removed and each pause
-/// in its body bounded by `idle` (see [`Relayed`]); `sse` for an event stream.
-pub fn relay_response<B>(
+/// The Partner's response, streamed back with hop-by-hop headers removed, each pause in
+/// its body bounded by `idle` (see [`Relayed`]), and `held` (the request's permits) kept
+/// until the body ends. `sse` gives the tail an event stream needs; it is called only for
+/// one.
+pub fn relay_response<B, G>(
     resp: Response<B>,
     idle: Duration,
-    sse: Option<SseTail>,
+    sse: impl FnOnce() -> SseTail,
+    held: G,
 ) -> Response<ResponseBody>
 where
     B: http_body::Body<Data = Bytes> + Unpin + Send + 'static,
     B::Error: Into<BoxError>,
+    G: Send + Unpin + 'static,
 {
     let (parts, body) = resp.into_parts();
-    let mut out = Response::new(Relayed::new(body, idle, sse).boxed_unsync());
+    let sse = is_event_stream(&parts.headers).then(sse);
+    let mut out = Response::new(Relayed::new(body, idle, sse, held).boxed_unsync());
     *out.status_mut() = parts.status;
     *out.headers_mut() = copy_end_to_end(&parts.headers, |_| false);
     out

@@ -43,27 +43,36 @@ pub struct SseTail {
     pub id: RpcId,
 }
 
-/// A relayed body with an idle bound (see the module docs).
-pub struct Relayed<B> {
+/// A relayed body with an idle bound (see the module docs), holding `G` (the request's
+/// permits) until it ends or is dropped.
+pub struct Relayed<B, G = ()> {
     body: Option<B>,
     idle: Duration,
     timer: Pin<Box<Sleep>>,
     sse: Option<(SseTail, EventCounter)>,
+    held: Option<G>,
 }
 
-impl<B> Relayed<B> {
+impl<B, G> Relayed<B, G> {
     /// Wraps `body`; `sse` when it is an event stream.
-    pub fn new(body: B, idle: Duration, sse: Option<SseTail>) -> Relayed<B> {
+    pub fn new(body: B, idle: Duration, sse: Option<SseTail>, held: G) -> Relayed<B, G> {
         Relayed {
             body: Some(body),
             idle,
             timer: Box::pin(tokio::time::sleep(idle)),
             sse: sse.map(|t| (t, EventCounter::default())),
+            held: Some(held),
         }
+    }
+
+    /// The Partner's body is done with: cancel it and give the permits back at once.
+    fn end(&mut self) {
+        self.body = None;
+        self.held = None;
     }
 }
 
-impl<B> Body for Relayed<B>
+impl<B, G: Unpin> Body for Relayed<B, G>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
@@ -92,7 +101,7 @@ where
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
-                this.body = None;
+                this.end();
                 match &this.sse {
                     // The Leader of an event stream gets a readable end.
                     Some((tail, _)) => Poll::Ready(Some(Ok(Frame::data(error_event(
@@ -105,12 +114,12 @@ where
                 }
             }
             Poll::Ready(None) => {
-                this.body = None;
+                this.end();
                 Poll::Ready(None)
             }
             Poll::Pending => {
                 ready!(this.timer.as_mut().poll(cx));
-                this.body = None; // cancels the upstream request
+                this.end(); // cancels the upstream request
                 match &this.sse {
                     Some((tail, _)) => Poll::Ready(Some(Ok(Frame::data(error_event(
                         &tail.id,
@@ -155,7 +164,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_stalled_body_is_cut_after_the_idle_bound() {
-        let mut b = Relayed::new(stalled(b"{\"partial\":"), Duration::from_secs(30), None);
+        let mut b = Relayed::new(stalled(b"{\"partial\":"), Duration::from_secs(30), None, ());
         let t0 = Instant::now();
         assert!(b.frame().await.unwrap().is_ok());
         let err = b.frame().await.unwrap().unwrap_err();
@@ -178,6 +187,7 @@ mod tests {
             stalled(b"data: {}\r\n\r\n: c\n\n"),
             Duration::from_secs(5),
             Some(tail),
+            (),
         );
         b.frame().await.unwrap().unwrap();
         let last = b.frame().await.unwrap().unwrap().into_data().unwrap();

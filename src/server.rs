@@ -11,7 +11,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,12 +29,12 @@ use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
-use crate::conn_limits::{HandshakeSlot, HandshakeSlots};
 use crate::gateway::Gateway;
 use crate::identity::verdict::unix_now;
 use crate::identity::{ConnAuth, ConnIdentity};
 use crate::metrics::ReasonLabels;
 use crate::proxy::{self, BoxError, ConnInfo, RequestLog, ResponseBody};
+use crate::ratelimit::concurrency::{KeyedCounts, KeyedPermit};
 
 /// Runs `f` when dropped.
 fn scopeguard<F: FnOnce()>(f: F) -> impl Drop {
@@ -60,7 +60,10 @@ pub async fn run(
     let max = snap.config.listener.max_connections;
     let drain_timeout = snap.config.listener.drain_timeout;
     let permits = Arc::new(Semaphore::new(max));
-    let handshakes = HandshakeSlots::new(snap.config.listener.max_handshakes_per_ip);
+    // Connections still in their TLS handshake, per source address. Each holds a
+    // `max_connections` permit for up to `handshake_timeout`: without this bound one host
+    // opening idle sockets could hold every permit. Over it, a connection is closed at once.
+    let handshakes = KeyedCounts::<IpAddr>::new(Some(snap.config.listener.max_handshakes_per_ip));
     let (drain_tx, drain_rx) = watch::channel(false);
     let sweeper = tokio::spawn(sweep_limits(gateway.clone()));
     gateway.set_ready(true);
@@ -84,7 +87,7 @@ pub async fn run(
             },
             _ = &mut shutdown => break,
         };
-        let Some(slot) = handshakes.try_take(peer.ip()) else {
+        let Some(slot) = handshakes.try_take(&peer.ip()) else {
             tracing::debug!(%peer, "too many handshakes from this address: closed");
             let reason = ReasonLabels {
                 reason: "per_ip_handshake_limit",
@@ -141,7 +144,7 @@ async fn serve_connection(
     peer: SocketAddr,
     gateway: Arc<Gateway>,
     drain: watch::Receiver<bool>,
-    (_permit, handshake_slot): (OwnedSemaphorePermit, HandshakeSlot),
+    (_permit, handshake_slot): (OwnedSemaphorePermit, KeyedPermit<IpAddr>),
 ) {
     // The snapshot of the accept: TLS settings for this handshake and the connection's
     // timeouts. Requests use the snapshot current when they arrive.

@@ -18,12 +18,11 @@
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 
 use crate::error::GatewayError;
 use crate::gateway::Snapshot;
@@ -57,14 +56,6 @@ pub struct Work {
     pub claim: Option<PendingClaim>,
     /// Counts the Partner's events sent to this Leader (for the access log).
     pub events: Arc<AtomicU64>,
-}
-
-fn busy(reason: &'static str) -> GatewayError {
-    GatewayError::RateLimited {
-        reason,
-        retry_after: Duration::from_secs(1),
-        body_unread: false,
-    }
 }
 
 /// The `Last-Event-ID` request header as an `eventSeq`.
@@ -116,8 +107,8 @@ pub async fn handle(
                 let permit = match record.is_finished() {
                     true => Some(
                         snap.streams
-                            .try_open(&identity.aic)
-                            .ok_or_else(|| busy("aic_streams"))?,
+                            .try_take(&identity.aic)
+                            .ok_or_else(|| GatewayError::busy("aic_streams"))?,
                     ),
                     false => None,
                 };
@@ -147,8 +138,8 @@ pub async fn handle(
     // A stream at the Partner: one of the caller's open-stream permits.
     let stream_permit = snap
         .streams
-        .try_open(&identity.aic)
-        .ok_or_else(|| busy("aic_streams"))?;
+        .try_take(&identity.aic)
+        .ok_or_else(|| GatewayError::busy("aic_streams"))?;
     let resp = partner.pool.send(upstream).await?;
     let is_sse = resp.status() == StatusCode::OK && is_event_stream(resp.headers());
     let idle = snap.config.upstream.body_idle_timeout;
@@ -161,12 +152,11 @@ pub async fn handle(
                 claim.confirm();
             }
         }
-        let sse = is_event_stream(resp.headers()).then(|| SseTail {
+        let tail = || SseTail {
             events: work.events,
             id,
-        });
-        let resp = relay_response(resp.map(|b| b.boxed_unsync()), idle, sse);
-        return Ok(resp.map(|b| crate::proxy::hold(b, held)));
+        };
+        return Ok(relay_response(resp, idle, tail, held));
     };
     if let Some(claim) = work.claim {
         claim.confirm();

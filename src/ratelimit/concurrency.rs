@@ -1,4 +1,5 @@
-//! Concurrency limits: in-flight requests per Partner, open streams per AIC.
+//! Concurrency limits: in-flight requests per Partner, open streams per AIC (and, with
+//! the same per-key counter, TLS handshakes per source address in `server`).
 //!
 //! A permit is held by whatever keeps the work alive: a response body until its last
 //! byte, or, for a Partner event stream, the task recording it until the Partner's stream
@@ -8,6 +9,7 @@
 //! counts of the work already running stay, so a reload never resets a limit.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -59,65 +61,71 @@ impl Drop for InFlightPermit {
     }
 }
 
-/// Open streams per AIC.
-pub struct StreamCounts {
+/// Counts held per key (open streams per AIC, handshakes per source address), at most
+/// `max` per key; the maximum can change in place while counts are held. The map holds
+/// only keys with a count, so it is bounded by the number of permits out.
+pub struct KeyedCounts<K: Hash + Eq + Copy> {
     max: AtomicUsize,
-    open: Arc<Mutex<HashMap<Aic, usize>>>,
+    held: Arc<Mutex<HashMap<K, usize>>>,
 }
 
-/// Counts one open stream until dropped.
-pub struct StreamPermit {
-    aic: Aic,
-    open: Arc<Mutex<HashMap<Aic, usize>>>,
+/// One count of a key; released on drop.
+pub struct KeyedPermit<K: Hash + Eq + Copy> {
+    key: K,
+    held: Arc<Mutex<HashMap<K, usize>>>,
 }
 
-impl StreamCounts {
-    /// At most `max` open streams per AIC (`None`: counted, unlimited).
-    pub fn new(max: Option<usize>) -> StreamCounts {
-        StreamCounts {
+/// Open streams per AIC.
+pub type StreamCounts = KeyedCounts<Aic>;
+/// One open stream of an AIC.
+pub type StreamPermit = KeyedPermit<Aic>;
+
+impl<K: Hash + Eq + Copy> KeyedCounts<K> {
+    /// At most `max` per key (`None`: counted, unlimited).
+    pub fn new(max: Option<usize>) -> KeyedCounts<K> {
+        KeyedCounts {
             max: AtomicUsize::new(max.unwrap_or(usize::MAX)),
-            open: Arc::default(),
+            held: Arc::default(),
         }
     }
 
-    /// Changes the maximum; open streams stay counted.
+    /// Changes the maximum; what is held stays counted.
     pub fn set_max(&self, max: Option<usize>) {
         self.max.store(max.unwrap_or(usize::MAX), Ordering::Release);
     }
 
-    /// A permit, or `None` when `aic` has `max` streams open. The map holds only AICs
-    /// with open streams, so it is bounded by the number of open streams.
-    pub fn try_open(&self, aic: &Aic) -> Option<StreamPermit> {
+    /// A permit for `key`, or `None` when it holds `max` already.
+    pub fn try_take(&self, key: &K) -> Option<KeyedPermit<K>> {
         let max = self.max.load(Ordering::Acquire);
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        let n = open.entry(*aic).or_insert(0);
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let n = held.entry(*key).or_insert(0);
         if *n >= max {
             if *n == 0 {
-                open.remove(aic);
+                held.remove(key);
             }
             return None;
         }
         *n += 1;
-        Some(StreamPermit {
-            aic: *aic,
-            open: self.open.clone(),
+        Some(KeyedPermit {
+            key: *key,
+            held: self.held.clone(),
         })
     }
 
-    /// Streams `aic` has open now.
-    pub fn open_for(&self, aic: &Aic) -> usize {
-        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        open.get(aic).copied().unwrap_or(0)
+    /// The count `key` holds now.
+    pub fn held(&self, key: &K) -> usize {
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.get(key).copied().unwrap_or(0)
     }
 }
 
-impl Drop for StreamPermit {
+impl<K: Hash + Eq + Copy> Drop for KeyedPermit<K> {
     fn drop(&mut self) {
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = open.get_mut(&self.aic) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = held.get_mut(&self.key) {
             *n -= 1;
             if *n == 0 {
-                open.remove(&self.aic);
+                held.remove(&self.key);
             }
         }
     }
@@ -131,16 +139,30 @@ mod tests {
     fn stream_counts_release_on_drop() {
         let a = Aic::parse("10001000011K912345E789ABCDEF2353").unwrap();
         let s = StreamCounts::new(Some(2));
-        let p1 = s.try_open(&a).unwrap();
-        let _p2 = s.try_open(&a).unwrap();
-        assert!(s.try_open(&a).is_none());
+        let p1 = s.try_take(&a).unwrap();
+        let _p2 = s.try_take(&a).unwrap();
+        assert!(s.try_take(&a).is_none());
         drop(p1);
-        assert!(s.try_open(&a).is_some());
+        assert!(s.try_take(&a).is_some());
         let f = InFlight::new(Some(1));
         let held = f.try_acquire().unwrap();
         assert!(f.try_acquire().is_none());
         drop(held);
         assert!(f.try_acquire().is_some());
+    }
+
+    /// Handshakes per source address: another source is unaffected.
+    #[test]
+    fn per_key() {
+        let s = KeyedCounts::<std::net::IpAddr>::new(Some(2));
+        let a = "127.0.0.2".parse().unwrap();
+        let b = "127.0.0.3".parse().unwrap();
+        let a1 = s.try_take(&a).unwrap();
+        let _a2 = s.try_take(&a).unwrap();
+        assert!(s.try_take(&a).is_none());
+        assert!(s.try_take(&b).is_some(), "another source is unaffected");
+        drop(a1);
+        assert!(s.try_take(&a).is_some());
     }
 
     #[test]
@@ -156,9 +178,9 @@ mod tests {
         assert_eq!(f.current(), 3);
         let a = Aic::parse("10001000011K912345E789ABCDEF2353").unwrap();
         let s = StreamCounts::new(None);
-        let _p = s.try_open(&a).unwrap();
+        let _p = s.try_take(&a).unwrap();
         s.set_max(Some(1));
-        assert!(s.try_open(&a).is_none());
-        assert_eq!(s.open_for(&a), 1);
+        assert!(s.try_take(&a).is_none());
+        assert_eq!(s.held(&a), 1);
     }
 }

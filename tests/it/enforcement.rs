@@ -5,63 +5,11 @@ use std::time::Duration;
 
 use aipgw::devcerts::CertSpec;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use http_body_util::Full;
+use hyper_util::rt::TokioIo;
 use time::OffsetDateTime;
 
 use crate::support::*;
-
-type H2 = hyper::client::conn::http2::SendRequest<Full<Bytes>>;
-
-/// An HTTP/2 connection to the gateway, and whether its TLS session was resumed.
-async fn h2_connection(leader: &Leader, addr: std::net::SocketAddr) -> (H2, bool) {
-    let stream = leader.connect(addr).await.unwrap();
-    let resumed = stream.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
-    let (send, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
-    (send, resumed)
-}
-
-async fn send_on(send: &mut H2, path: &str, body: &str) -> Reply {
-    let req = http::Request::post(format!("https://localhost{path}"))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_owned())))
-        .unwrap();
-    let resp = send.send_request(req).await.unwrap();
-    let (parts, body) = resp.into_parts();
-    Reply {
-        status: parts.status,
-        headers: parts.headers,
-        body: body.collect().await.unwrap().to_bytes(),
-    }
-}
-
-/// Replaces a file atomically, as a careful operator does.
-fn replace_file(path: &std::path::Path, text: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
-async fn reloads(gw: &TestGateway) -> u64 {
-    let text = gw.admin_get("/metrics").await.1;
-    text.lines()
-        .find_map(|l| l.strip_prefix("aipgw_config_reloads_total{result=\"ok\"} "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-async fn wait_reloads(gw: &TestGateway, at_least: u64) {
-    within(20, async {
-        while reloads(gw).await < at_least {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-}
 
 /// Hole 1: a session resumed after the certificate expired is refused in both modes, and
 /// so is the next request on a connection opened while it was still valid.
@@ -81,7 +29,7 @@ async fn resumption_and_open_connections_are_judged_on_the_current_clock() {
     let mut open = Vec::new();
     for gw in [&jsonrpc, &strict] {
         let leader = Leader::new(&pki, Some(&cert), true);
-        let (mut send, resumed) = h2_connection(&leader, gw.addr).await;
+        let (mut send, resumed) = leader.h2_connection(gw.addr).await;
         assert!(!resumed, "the first handshake is a full one");
         assert_eq!(send_on(&mut send, "/p/rpc", &body).await.status, 200);
         open.push((leader, send));
@@ -92,7 +40,7 @@ async fn resumption_and_open_connections_are_judged_on_the_current_clock() {
         let r = send_on(&mut old, "/p/rpc", &body).await;
         assert_eq!(r.status, 401, "open connection: {}", r.text());
         assert_eq!(r.error(), (-32010, "expired".into()));
-        let (mut send, resumed) = h2_connection(&leader, gw.addr).await;
+        let (mut send, resumed) = leader.h2_connection(gw.addr).await;
         assert!(resumed, "the second handshake resumes the session");
         let r = send_on(&mut send, "/p/rpc", &body).await;
         assert_eq!(r.status, 401, "resumed session: {}", r.text());
@@ -117,7 +65,7 @@ async fn a_reload_applies_to_open_connections() {
     let path = pki.write("aipgw.toml", &pki.config("", &format!("{p}{q}")));
     let gw = start_gateway_from_file(&path).await;
     let a = pki.leader(LEADER_A, true);
-    let (mut a_conn, _) = h2_connection(&a, gw.addr).await;
+    let (mut a_conn, _) = a.h2_connection(gw.addr).await;
     let b = pki.leader(LEADER_B, false);
     // A keep-alive HTTP/1.1 connection for B.
     let b_stream = b.connect(gw.addr).await.unwrap();
@@ -152,7 +100,7 @@ async fn a_reload_applies_to_open_connections() {
     // Block A and remove Partner q.
     let blocked = format!("[policy]\nblocked = [\"{LEADER_A}\"]\n{p}");
     replace_file(&path, &pki.config("", &blocked));
-    wait_reloads(&gw, 1).await;
+    wait_reloads(&gw, "ok", 1).await;
     let r = send_on(&mut a_conn, "/p/rpc", &rpc_start("2", LEADER_A, "t")).await;
     assert_eq!(r.status, 401, "{}", r.text());
     assert_eq!(r.error(), (-32010, "blocked".into()));
@@ -168,7 +116,7 @@ async fn a_reload_applies_to_open_connections() {
     spec.serial = Some(0x7E57);
     let cert = pki.issue(&spec);
     let b2 = Leader::new(&pki, Some(&cert), true);
-    let (mut b2_conn, _) = h2_connection(&b2, gw.addr).await;
+    let (mut b2_conn, _) = b2.h2_connection(gw.addr).await;
     assert_eq!(
         send_on(&mut b2_conn, "/p/rpc", &rpc_start("3", LEADER_B, "v"))
             .await
@@ -187,7 +135,7 @@ async fn a_reload_applies_to_open_connections() {
     let crl_path = pki.write("crl.pem", &crl);
     let revoking = format!("crl = [\"{}\"]", crl_path.display());
     replace_file(&path, &pki.config(&revoking, &p));
-    wait_reloads(&gw, 2).await;
+    wait_reloads(&gw, "ok", 2).await;
     let r = send_on(&mut b2_conn, "/p/rpc", &rpc_start("4", LEADER_B, "v")).await;
     assert_eq!(r.status, 401, "{}", r.text());
     assert_eq!(r.error(), (-32010, "revoked".into()));
@@ -229,11 +177,15 @@ async fn reloads_only_on_real_changes_and_keep_quotas() {
     }
     replace_file(&path, &text);
     tokio::time::sleep(Duration::from_millis(600)).await; // past the 100 ms debounce
-    assert_eq!(reloads(&gw).await, 0, "no reload without a real change");
+    assert_eq!(
+        reloads(&gw, "ok").await,
+        0,
+        "no reload without a real change"
+    );
     // A real change (another Partner) reloads, and the spent quota stays spent.
     let q = partner_block("q", "/q", &partner.url(), "");
     replace_file(&path, &format!("{text}{q}"));
-    wait_reloads(&gw, 1).await;
+    wait_reloads(&gw, "ok", 1).await;
     let r = a
         .post(gw.addr, "/p/rpc", &rpc_start("3", LEADER_A, "t"))
         .await

@@ -8,38 +8,6 @@ use time::{Duration, OffsetDateTime};
 
 use crate::support::*;
 
-/// Replaces a file atomically (write beside, then rename), as a careful operator does.
-fn replace_file(path: &std::path::Path, text: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
-async fn reloads(gw: &TestGateway, result: &str) -> u64 {
-    let text = gw.admin_get("/metrics").await.1;
-    let key = format!("aipgw_config_reloads_total{{result=\"{result}\"}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&key))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-async fn wait_reloads(gw: &TestGateway, result: &str, at_least: u64) {
-    let waited = tokio::time::timeout(std::time::Duration::from_secs(20), async {
-        while reloads(gw, result).await < at_least {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
-    if waited.is_err() {
-        panic!(
-            "waited for {at_least} {result} reloads; ok={} failed={}",
-            reloads(gw, "ok").await,
-            reloads(gw, "failed").await
-        );
-    }
-}
-
 fn crl(pki: &Pki, revoked: &[u64]) -> String {
     let now = OffsetDateTime::now_utc();
     pki.ca
@@ -67,14 +35,7 @@ async fn crl_partner_and_invalid_config_changes() {
         200
     );
     // A connection opened before the reload is judged by the new CRL too (issue 8).
-    let stream = leader.connect(gw.addr).await.unwrap();
-    let (mut old_conn, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
+    let (mut old_conn, _) = leader.h2_connection(gw.addr).await;
 
     // 1. A new CRL revokes the Leader for new connections and open ones.
     replace_file(&crl_path, &crl(&pki, &[0xAB12]));
@@ -82,10 +43,7 @@ async fn crl_partner_and_invalid_config_changes() {
     let r = leader.post(gw.addr, "/p/rpc", &body).await.unwrap();
     assert_eq!(r.status, 401, "{}", r.text());
     assert_eq!(r.error(), (-32010, "revoked".into()));
-    let req = http::Request::post("https://localhost/p/rpc")
-        .body(http_body_util::Full::new(bytes::Bytes::from(body.clone())))
-        .unwrap();
-    assert_eq!(old_conn.send_request(req).await.unwrap().status(), 401);
+    assert_eq!(send_on(&mut old_conn, "/p/rpc", &body).await.status, 401);
 
     // 2. A new Partner becomes routable.
     let ok_before = reloads(&gw, "ok").await;

@@ -832,3 +832,69 @@ pub async fn feed_events(
         feed.send(Ok(sse_event("\"s1\"", n, state))).await.unwrap();
     }
 }
+
+/// Replaces a file atomically (write beside, then rename), as a careful operator does.
+pub fn replace_file(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// `config_reloads_total{result=...}` on the admin listener.
+pub async fn reloads(gw: &TestGateway, result: &str) -> u64 {
+    let text = gw.admin_get("/metrics").await.1;
+    let key = format!("aipgw_config_reloads_total{{result=\"{result}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits (20 s at most) until at least `at_least` reloads ended with `result`.
+pub async fn wait_reloads(gw: &TestGateway, result: &str, at_least: u64) {
+    let waited = tokio::time::timeout(Duration::from_secs(20), async {
+        while reloads(gw, result).await < at_least {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    if waited.is_err() {
+        panic!(
+            "waited for {at_least} {result} reloads; ok={} failed={}",
+            reloads(gw, "ok").await,
+            reloads(gw, "failed").await
+        );
+    }
+}
+
+/// An HTTP/2 request sender on one connection.
+pub type H2 = hyper::client::conn::http2::SendRequest<Full<Bytes>>;
+
+impl Leader {
+    /// An HTTP/2 connection to the gateway, and whether its TLS session was resumed.
+    pub async fn h2_connection(&self, addr: SocketAddr) -> (H2, bool) {
+        let stream = self.connect(addr).await.unwrap();
+        let resumed = stream.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
+        let (send, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        (send, resumed)
+    }
+}
+
+/// POSTs `body` to `path` on an open HTTP/2 connection.
+pub async fn send_on(send: &mut H2, path: &str, body: &str) -> Reply {
+    let req = Request::post(format!("https://localhost{path}"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    let (parts, body) = resp.into_parts();
+    Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
+}
