@@ -183,3 +183,17 @@ fn sighup_reloads_and_sigterm_exits_zero() {
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(0));
 }
+
+/// Fuzzing regression: `inspect-cert` reads any file, with no CA behind it, so a
+/// certificate whose URI SAN has a multi-byte character where a scheme would end must be
+/// reported, not crash the command (it panicked, exit 101).
+#[test]
+fn inspect_cert_survives_a_non_ascii_uri() {
+    let (code, out) = aipgw(&[
+        "inspect-cert",
+        "tests/data/fuzz/cert-claims-non-ascii-uri.pem",
+    ]);
+    assert!(!out.contains("panicked"), "{out}");
+    assert_ne!(code, 101, "{out}");
+    assert!(out.contains("certificate:"), "{out}");
+}

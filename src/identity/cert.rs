@@ -135,7 +135,10 @@ fn strip_suffix<'a>(name: &'a str, suffix: &str) -> Option<&'a str> {
 }
 
 fn strip_scheme<'a>(uri: &'a str, scheme: &str) -> Option<&'a str> {
-    if uri.len() < scheme.len() || !uri[..scheme.len()].eq_ignore_ascii_case(scheme) {
+    // `get`, not indexing: a URI SAN may hold a multi-byte character where the scheme
+    // would end (found by the `cert_claims` fuzz target).
+    let head = uri.get(..scheme.len())?;
+    if !head.eq_ignore_ascii_case(scheme) {
         return None;
     }
     let rest = &uri[scheme.len()..];
@@ -251,6 +254,19 @@ mod tests {
         assert_eq!(strip_suffix(".acps.pub", "acps.pub"), None);
         assert_eq!(strip_suffix("xacps.pub", "acps.pub"), None);
         assert_eq!(strip_suffix("é.acps.pub", "acps.pub"), Some("é"));
+    }
+
+    /// Fuzzing regression: a URI SAN with a multi-byte character inside the scheme's
+    /// length panicked (`agent:/ѹ...`). The input is the fuzzer's certificate as found.
+    #[test]
+    fn non_ascii_uri_is_no_claim_and_no_panic() {
+        assert_eq!(strip_scheme("agent:/\u{479}VELOPMENT", "agent://"), None);
+        assert_eq!(strip_scheme("ѹ", "acps://"), None);
+        let der = include_bytes!("../../tests/data/fuzz/cert-claims-non-ascii-uri.der");
+        let claims = aic_claims(der, "acps.pub").unwrap();
+        assert!(claims.iter().all(|c| c.source != ClaimSource::AgentUri));
+        // Its other claims decide; no panic either way.
+        let _ = aic_from_certificate(der, "acps.pub");
     }
 
     #[test]
