@@ -493,9 +493,11 @@ mod tests {
     }
 
     /// Hole 11: appends racing clears (a stream restarted under the same key) never make
-    /// the byte total wrap. A wrapped total looks over budget to whichever append checks
-    /// it next, which then trims open streams: with budgets far above what the test holds,
-    /// any trim at all is the wrap's doing.
+    /// the byte total wrap (a wrapped total looks over budget and makes appends trim open
+    /// streams; with budgets far above what the test holds, any trim is the wrap's doing).
+    /// More appenders than cores make the scheduler preempt some of them between their
+    /// push and their accounting, where the old code let a clear subtract first; the wrap
+    /// then lasts as long as that appender is off its core, long enough to read.
     #[test]
     fn totals_never_underflow_under_races() {
         let store = Arc::new(MemoryStore::new(ReplayLimits {
@@ -505,27 +507,31 @@ mod tests {
         }));
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let raced = Arc::new(Mutex::new(store.open(key(0), meta())));
-        let spawn = |record: Arc<Mutex<Arc<dyn StreamRecord>>>| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    let r = lock(&record).clone();
-                    for seq in 0..64 {
-                        r.append(entry(seq, 10));
+        let appenders: Vec<_> = (0..8)
+            .map(|_| {
+                let (record, stop) = (raced.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let r = lock(&record).clone();
+                        for seq in 0..64 {
+                            r.append(entry(seq, 10));
+                        }
                     }
-                }
+                })
             })
-        };
-        let appenders = [spawn(raced.clone()), spawn(raced.clone())];
+            .collect();
         let started = std::time::Instant::now();
-        let mut reopened = 0;
-        while started.elapsed() < Duration::from_millis(1500) {
+        let mut reopened = 0u64;
+        while started.elapsed() < Duration::from_millis(2000) {
             // Replacing the record clears the old one while it is still appended to.
             *lock(&raced) = store.open(key(0), meta());
             reopened += 1;
             let st = store.stats();
-            assert_eq!(st.evicted_events, 0, "trimmed after {reopened} reopenings");
-            assert_eq!(st.evicted_streams, 0, "evicted after {reopened} reopenings");
+            // What the appenders can have added at most: far below a wrapped total.
+            if st.bytes > 1 << 30 || st.evicted_events != 0 || st.evicted_streams != 0 {
+                stop.store(true, Ordering::Relaxed);
+                panic!("the total wrapped after {reopened} reopenings: {st:?}");
+            }
         }
         stop.store(true, Ordering::Relaxed);
         for a in appenders {
