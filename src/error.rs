@@ -113,6 +113,18 @@ pub enum GatewayError {
         /// The request body was left unread: the HTTP/1 connection must close.
         body_unread: bool,
     },
+    /// The Partner answered something other than a JSON-RPC response: a non-2xx status or
+    /// a content type that is neither JSON nor an event stream, with a body that is not a
+    /// JSON-RPC response (an HTML error page, an empty 500). See `answer`.
+    #[error("Partner {partner} answered HTTP {status} without a JSON-RPC response: {detail}")]
+    UpstreamBadResponse {
+        /// Partner name.
+        partner: String,
+        /// The Partner's HTTP status.
+        status: u16,
+        /// What was wrong.
+        detail: String,
+    },
     /// The Partner's answer broke the HTTP protocol.
     #[error("Partner {partner} failed: {detail}")]
     UpstreamProtocol {
@@ -196,6 +208,11 @@ impl GatewayError {
             GatewayError::UpstreamProtocol { .. } => {
                 (StatusCode::BAD_GATEWAY, INTERNAL_ERROR, "upstream_protocol")
             }
+            GatewayError::UpstreamBadResponse { .. } => (
+                StatusCode::BAD_GATEWAY,
+                INTERNAL_ERROR,
+                "upstream_bad_response",
+            ),
             GatewayError::RateLimited { reason, .. } => {
                 (StatusCode::TOO_MANY_REQUESTS, RATE_LIMITED, reason)
             }
@@ -242,7 +259,8 @@ impl GatewayError {
             GatewayError::UpstreamUnavailable { partner, .. }
             | GatewayError::UpstreamTls { partner, .. }
             | GatewayError::UpstreamTimeout { partner }
-            | GatewayError::UpstreamProtocol { partner, .. } => Some(partner.clone()),
+            | GatewayError::UpstreamProtocol { partner, .. }
+            | GatewayError::UpstreamBadResponse { partner, .. } => Some(partner.clone()),
             _ => None,
         };
         let field = match self {
@@ -255,9 +273,14 @@ impl GatewayError {
             }
             _ => None,
         };
+        let upstream_status = match self {
+            GatewayError::UpstreamBadResponse { status, .. } => Some(*status),
+            _ => None,
+        };
         ErrorData {
             reason,
             field,
+            upstream_status,
             detail: Some(self.to_string()),
             partner,
             retry_after_ms,

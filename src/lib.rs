@@ -15,7 +15,8 @@
 //!             -> jsonrpc::envelope::parse (borrowed) -> authentication verdict + block list
 //!             -> envelope semantics -> senderId binding -> policy (role, access rules,
 //!             task ownership) -> concurrency permits (held until the response ends)
-//!             -> upstream::UpstreamPool::send (same Bytes) -> response streamed back
+//!             -> upstream::UpstreamPool::send (same Bytes) -> answer::vet (a 2xx JSON or
+//!             SSE answer passes unread; others must be JSON-RPC) -> response streamed back
 //!             (`stream`: streams::handle records the SSE answer in the replay buffer and
 //!             the Leader follows the record; `re-stream` may be answered from it)
 //! error       every failure is one GatewayError, mapped to HTTP status + JSON-RPC error
@@ -31,6 +32,7 @@
 //! - [`jsonrpc`]: borrowed envelope parse, method/command vocabulary, error bodies.
 //! - [`routing`]: the Partner table: host + path -> Partner and method.
 //! - [`upstream`]: pooled clients to Partners, timeouts, identity headers.
+//! - [`answer`]: a Partner's answer judged: relayed, or `upstream_bad_response`.
 //! - [`proxy`]: the per-request pipeline tying the above together.
 //! - [`streams`]: the `stream` method: buffered relay, `re-stream` served by the gateway.
 //! - [`sse`]: SSE splitting, event inspection, the replay buffer and the relay.
@@ -38,6 +40,7 @@
 //! - [`ratelimit`]: per-AIC and per-Partner quotas (governor), concurrency limits.
 //! - [`body`]: bounded request body reading.
 //! - [`relay_body`]: a Partner's body on its way back: idle bound, event count, permits.
+//! - [`outcome`]: how a body ended after its head was sent (access log, metrics).
 //! - [`error`]: the one error type and its mapping.
 //! - [`devcerts`]: development certificate generation (rcgen).
 //! - [`demo`]: a demo Partner implementing the AIP task state machine.
@@ -47,6 +50,7 @@
 //! - [`hex`]: lowercase hex encoding.
 
 pub mod admin;
+pub mod answer;
 pub mod body;
 pub mod cli;
 pub mod config;
@@ -59,6 +63,7 @@ pub mod identity;
 pub mod inspect;
 pub mod jsonrpc;
 pub mod metrics;
+pub mod outcome;
 pub mod policy;
 pub mod proxy;
 pub mod ratelimit;

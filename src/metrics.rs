@@ -51,6 +51,17 @@ pub struct PartnerReasonLabels {
     pub reason: &'static str,
 }
 
+/// A Leader's stream and how it ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StreamOutcomeLabels {
+    /// Partner name.
+    pub partner: String,
+    /// `completed`, `client_closed`, or the failure's reason (`upstream_reset`,
+    /// `upstream_closed_early`, `upstream_idle_timeout`, `event_too_large`,
+    /// `events_evicted`, `shutting_down`).
+    pub outcome: &'static str,
+}
+
 /// Who answered a re-stream.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ServedByLabels {
@@ -99,7 +110,9 @@ pub struct Metrics {
     pub open_streams: Gauge,
     /// Re-streams, by who answered.
     pub restreams: Family<ServedByLabels, Counter>,
-    /// Partner failures (502/504).
+    /// Event streams sent to Leaders that ended, by how.
+    pub streams_ended: Family<StreamOutcomeLabels, Counter>,
+    /// Partner failures: refused requests (502/504), bodies cut short, failed streams.
     pub upstream_errors: Family<PartnerReasonLabels, Counter>,
     /// Config reloads.
     pub config_reloads: Family<ResultLabels, Counter>,
@@ -132,6 +145,7 @@ impl Metrics {
             rate_limit_refusals: Family::default(),
             open_streams: Gauge::default(),
             restreams: Family::default(),
+            streams_ended: Family::default(),
             upstream_errors: Family::default(),
             config_reloads: Family::default(),
             cert_expiry: Family::default(),
@@ -192,6 +206,11 @@ impl Metrics {
             "restreams",
             "Re-streams, by who answered them",
             m.restreams.clone(),
+        );
+        r.register(
+            "streams_ended",
+            "Event streams sent to Leaders that ended, by Partner and outcome",
+            m.streams_ended.clone(),
         );
         r.register(
             "upstream_errors",
@@ -270,7 +289,8 @@ impl Metrics {
             E::UpstreamUnavailable { .. }
             | E::UpstreamTls { .. }
             | E::UpstreamTimeout { .. }
-            | E::UpstreamProtocol { .. } => {
+            | E::UpstreamProtocol { .. }
+            | E::UpstreamBadResponse { .. } => {
                 self.upstream_errors
                     .get_or_create(&PartnerReasonLabels {
                         partner: partner.unwrap_or_default().to_owned(),

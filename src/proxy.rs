@@ -19,7 +19,6 @@
 //! only by `GatewayError::into_response`.
 
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -34,6 +33,7 @@ use crate::gateway::Snapshot;
 use crate::identity::verdict::unix_now;
 use crate::identity::{Aic, ConnAuth, ConnIdentity, PeerIdentity};
 use crate::jsonrpc::{self, Command, Method, RpcId};
+use crate::outcome::StreamTally;
 use crate::policy::tasks::{check_task, PendingClaim};
 use crate::ratelimit::Refusal;
 use crate::relay_body::{Relayed, SseTail};
@@ -91,9 +91,9 @@ pub struct RequestLog {
     pub upstream: Option<Duration>,
     /// The request id and trace id.
     pub trace: Option<TraceContext>,
-    /// Events of an event stream relayed to the Leader (the Partner's, not the gateway's
-    /// own error event), counted where the events are known.
-    pub events: Option<Arc<AtomicU64>>,
+    /// An event stream's tally: the Partner's events relayed to the Leader (not the
+    /// gateway's own error event) and how the stream ended.
+    pub stream: Option<Arc<StreamTally>>,
 }
 
 /// Handles one request; never fails (errors become JSON-RPC error responses).
@@ -289,7 +289,7 @@ async fn pipeline(
             let work = streams::Work {
                 in_flight,
                 claim,
-                events: log.events.insert(Arc::default()).clone(),
+                tally: log.stream.insert(Arc::default()).clone(),
             };
             let r = streams::handle(
                 snap,
@@ -306,7 +306,7 @@ async fn pipeline(
         None => {
             let resp = with_id(partner.pool.send(upstream).await, &id)?;
             let tail = || SseTail {
-                events: log.events.insert(Arc::default()).clone(),
+                tally: log.stream.insert(Arc::default()).clone(),
                 id: id.clone(),
             };
             match claim {
@@ -332,27 +332,32 @@ pub fn is_event_stream(headers: &HeaderMap) -> bool {
 }
 
 /// A body from the Partner, before it is relayed.
-type UpstreamBody = UnsyncBoxBody<Bytes, hyper::Error>;
+type UpstreamBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// Keeps or releases a `start`'s claim by the Partner's answer: kept for an event stream,
 /// or a 2xx JSON answer with a JSON-RPC `result`; released otherwise. The answer's body
 /// is read (bounded by `limits.max_body_bytes`, each pause by `upstream.body_idle_timeout`)
 /// and relayed unchanged; a larger one is relayed as it streams and, if 2xx, keeps the
 /// claim (the gateway cannot tell, and refusing the owner later would be worse).
-async fn settle_claim(
-    resp: Response<Incoming>,
+async fn settle_claim<B>(
+    resp: Response<B>,
     claim: PendingClaim,
     cfg: &crate::config::Config,
     partner: &str,
-) -> Result<Response<UpstreamBody>, GatewayError> {
+) -> Result<Response<UpstreamBody>, GatewayError>
+where
+    B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError> + std::fmt::Display,
+{
+    let boxed = |b: B| b.map_err(Into::into).boxed_unsync();
     let ok = resp.status().is_success();
     if !ok {
         drop(claim); // released
-        return Ok(resp.map(BodyExt::boxed_unsync));
+        return Ok(resp.map(boxed));
     }
     if is_event_stream(resp.headers()) {
         claim.confirm();
-        return Ok(resp.map(BodyExt::boxed_unsync));
+        return Ok(resp.map(boxed));
     }
     let (parts, mut body) = resp.into_parts();
     let mut frames: Vec<Bytes> = Vec::new();
@@ -385,9 +390,9 @@ async fn settle_claim(
             let head = futures_util::stream::iter(
                 frames
                     .into_iter()
-                    .map(|b| Ok::<_, hyper::Error>(http_body::Frame::data(b))),
+                    .map(|b| Ok::<_, BoxError>(http_body::Frame::data(b))),
             );
-            let rest = http_body_util::BodyStream::new(body);
+            let rest = http_body_util::BodyStream::new(boxed(body));
             let chained = futures_util::StreamExt::chain(head, rest);
             let b = http_body_util::StreamBody::new(chained).boxed_unsync();
             return Ok(Response::from_parts(parts, b));

@@ -13,7 +13,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -23,22 +22,64 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
 use crate::jsonrpc::RpcId;
+use crate::outcome::{Ending, StreamTally};
 use crate::proxy::BoxError;
 use crate::sse::count::EventCounter;
 use crate::sse::relay::error_event;
 
-/// Why a relayed body ended early.
+/// Why a relayed body ended early: the error frame a plain body ends with (read back by
+/// the access log), and the reason an event stream's final error event carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum RelayError {
     /// No frame from the Partner for `upstream.body_idle_timeout`.
     #[error("the Partner's body was idle too long")]
     IdleTimeout,
+    /// The Partner's connection or stream was reset, or its body broke the protocol.
+    #[error("the Partner's body was reset")]
+    Reset,
+    /// The Partner closed its connection before the body's declared end.
+    #[error("the Partner closed its connection before the body's end")]
+    ClosedEarly,
 }
 
-/// What an event stream needs: the events counter and the id for a final error event.
+impl RelayError {
+    /// The reason label (`error.data.reason`, logs, metrics).
+    pub fn reason(self) -> &'static str {
+        match self {
+            RelayError::IdleTimeout => "upstream_idle_timeout",
+            RelayError::Reset => "upstream_reset",
+            RelayError::ClosedEarly => "upstream_closed_early",
+        }
+    }
+
+    /// Reads an upstream body error: an end of file before the declared length or the last
+    /// chunk is a close; anything else (a TCP reset, an HTTP/2 `RST_STREAM`) a reset.
+    pub fn from_upstream(e: &(dyn std::error::Error + 'static)) -> RelayError {
+        let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+        while let Some(err) = cur {
+            if let Some(io) = err.downcast_ref::<std::io::Error>() {
+                if io.kind() == std::io::ErrorKind::UnexpectedEof {
+                    return RelayError::ClosedEarly;
+                }
+            }
+            cur = err.source();
+        }
+        RelayError::Reset
+    }
+
+    fn ending(self) -> Ending {
+        Ending {
+            reason: self.reason(),
+            count_upstream: true,
+        }
+    }
+}
+
+/// What an event stream needs: its tally (events, ending) and the id for a final error
+/// event.
 pub struct SseTail {
-    /// Events relayed.
-    pub events: Arc<AtomicU64>,
+    /// Events relayed and how the stream ended, for the access log.
+    pub tally: Arc<StreamTally>,
     /// The request id echoed in a final error event.
     pub id: RpcId,
 }
@@ -70,6 +111,28 @@ impl<B, G> Relayed<B, G> {
         self.body = None;
         self.held = None;
     }
+
+    /// The Partner's body ended as it should.
+    fn finish(&mut self) {
+        self.end();
+        if let Some((tail, _)) = &self.sse {
+            tail.tally.end(Ending::completed());
+        }
+    }
+
+    /// Ends the body early: an event stream records the ending and gets a final error
+    /// event; a plain body ends with the error.
+    fn fail(&mut self, why: RelayError) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.end(); // cancels the upstream request
+        match &self.sse {
+            Some((tail, _)) => {
+                tail.tally.end(why.ending());
+                let ev = error_event(&tail.id, why.reason(), None, None);
+                Poll::Ready(Some(Ok(Frame::data(ev))))
+            }
+            None => Poll::Ready(Some(Err(Box::new(why)))),
+        }
+    }
 }
 
 impl<B, G: Unpin> Body for Relayed<B, G>
@@ -95,40 +158,29 @@ where
                 if let (Some((tail, counter)), Some(data)) = (&mut this.sse, frame.data_ref()) {
                     let n = counter.feed(data);
                     if n > 0 {
-                        tail.events.fetch_add(n, Ordering::Relaxed);
+                        tail.tally.add_events(n);
                     }
+                }
+                // hyper may stop polling once a body says it is done, so its end is
+                // taken here rather than waited for.
+                if this.body.as_ref().is_some_and(|b| b.is_end_stream()) {
+                    this.finish();
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
-                this.end();
-                match &this.sse {
-                    // The Leader of an event stream gets a readable end.
-                    Some((tail, _)) => Poll::Ready(Some(Ok(Frame::data(error_event(
-                        &tail.id,
-                        "upstream_reset",
-                        None,
-                        None,
-                    ))))),
-                    None => Poll::Ready(Some(Err(e.into()))),
-                }
+                let e: BoxError = e.into();
+                let why = RelayError::from_upstream(&*e);
+                tracing::debug!(error = %e, reason = why.reason(), "a Partner's body ended early");
+                this.fail(why)
             }
             Poll::Ready(None) => {
-                this.end();
+                this.finish();
                 Poll::Ready(None)
             }
             Poll::Pending => {
                 ready!(this.timer.as_mut().poll(cx));
-                this.end(); // cancels the upstream request
-                match &this.sse {
-                    Some((tail, _)) => Poll::Ready(Some(Ok(Frame::data(error_event(
-                        &tail.id,
-                        "upstream_idle_timeout",
-                        None,
-                        None,
-                    ))))),
-                    None => Poll::Ready(Some(Err(Box::new(RelayError::IdleTimeout)))),
-                }
+                this.fail(RelayError::IdleTimeout)
             }
         }
     }
@@ -176,11 +228,46 @@ mod tests {
         assert!(b.frame().await.is_none());
     }
 
+    #[test]
+    fn upstream_errors_are_told_apart() {
+        use std::io::{Error, ErrorKind};
+        #[derive(Debug, thiserror::Error)]
+        #[error("body")]
+        struct Wrapped(#[source] Error);
+        let eof = Wrapped(Error::new(ErrorKind::UnexpectedEof, "incomplete body"));
+        assert_eq!(RelayError::from_upstream(&eof), RelayError::ClosedEarly);
+        let reset = Wrapped(Error::from(ErrorKind::ConnectionReset));
+        assert_eq!(RelayError::from_upstream(&reset), RelayError::Reset);
+        assert_eq!(
+            RelayError::from_upstream(&Error::other("h2 RST_STREAM")),
+            RelayError::Reset
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cut_plain_body_ends_with_its_reason() {
+        let frames = futures_util::stream::iter([
+            Ok(Frame::data(Bytes::from_static(b"{\"half\":"))),
+            Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "eof",
+            )),
+        ]);
+        let mut b = Relayed::new(StreamBody::new(frames), Duration::from_secs(30), None, ());
+        assert!(b.frame().await.unwrap().is_ok());
+        let err = b.frame().await.unwrap().unwrap_err();
+        assert_eq!(
+            err.downcast_ref::<RelayError>(),
+            Some(&RelayError::ClosedEarly)
+        );
+        assert!(b.frame().await.is_none());
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_stalled_event_stream_gets_a_final_event() {
-        let events = Arc::new(AtomicU64::new(0));
+        let tally = Arc::new(StreamTally::default());
         let tail = SseTail {
-            events: events.clone(),
+            tally: tally.clone(),
             id: RpcId::null(),
         };
         let mut b = Relayed::new(
@@ -197,6 +284,13 @@ mod tests {
             "{text}"
         );
         assert!(b.frame().await.is_none());
-        assert_eq!(events.load(Ordering::Relaxed), 1, "the Partner's one event");
+        assert_eq!(tally.events(), 1, "the Partner's one event");
+        assert_eq!(
+            tally.ending(),
+            Some(Ending {
+                reason: "upstream_idle_timeout",
+                count_upstream: true
+            })
+        );
     }
 }

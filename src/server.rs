@@ -33,8 +33,10 @@ use crate::gateway::Gateway;
 use crate::identity::verdict::unix_now;
 use crate::identity::{ConnAuth, ConnIdentity};
 use crate::metrics::ReasonLabels;
+use crate::outcome::Ending;
 use crate::proxy::{self, BoxError, ConnInfo, RequestLog, ResponseBody};
 use crate::ratelimit::concurrency::{KeyedCounts, KeyedPermit};
+use crate::relay_body::RelayError;
 
 /// Runs `f` when dropped.
 fn scopeguard<F: FnOnce()>(f: F) -> impl Drop {
@@ -230,6 +232,8 @@ async fn serve_connection(
                     started,
                     status,
                     bytes_out: 0,
+                    streamed: proxy::is_event_stream(resp.headers()),
+                    cut: None,
                 };
                 Ok::<_, Infallible>(resp.map(|body| Tracked {
                     body,
@@ -353,7 +357,7 @@ impl Drop for ActivityGuard {
 
 /// A response body that holds its request's [`ActivityGuard`], counts what it sends,
 /// and writes the access log line and the request metrics when it ends (so a stream's
-/// line has its whole duration, events and bytes).
+/// line has its whole duration, events, bytes and outcome).
 struct Tracked {
     body: ResponseBody,
     access: AccessLog,
@@ -366,7 +370,20 @@ struct AccessLog {
     metrics: Arc<crate::metrics::Metrics>,
     started: Instant,
     status: u16,
+    /// Bytes of the body handed on to the Leader's connection.
     bytes_out: u64,
+    /// The answer is an event stream (its outcome is logged and counted).
+    streamed: bool,
+    /// How a plain body ended early, read from its error frame.
+    cut: Option<Ending>,
+}
+
+impl AccessLog {
+    /// How the body ended after its head was sent, if that is known.
+    fn ending(&self) -> Option<Ending> {
+        self.cut
+            .or_else(|| self.log.stream.as_ref().and_then(|t| t.ending()))
+    }
 }
 
 impl Drop for AccessLog {
@@ -376,10 +393,13 @@ impl Drop for AccessLog {
         let partner = l.partner.as_deref().unwrap_or("");
         let method = l.method.map_or("", |m| m.name());
         let aic = l.aic.as_ref().map_or("", |a| a.as_str());
-        let events = l
-            .events
-            .as_ref()
-            .map_or(0, |n| n.load(std::sync::atomic::Ordering::Relaxed));
+        let events = l.stream.as_ref().map_or(0, |t| t.events());
+        let ending = self.ending();
+        // A failure after the head: the status stands, the code and reason tell.
+        let (mut code, mut reason) = (l.code.unwrap_or(0), l.reason.unwrap_or(""));
+        if let Some(e) = ending.filter(|e| e.failed() && code == 0) {
+            (code, reason) = (crate::error::codes::INTERNAL_ERROR, e.reason);
+        }
         tracing::info!(
             target: "aipgw::access",
             peer = %self.peer,
@@ -390,8 +410,8 @@ impl Drop for AccessLog {
             task_id = l.task_id.as_deref().unwrap_or(""),
             session_id = l.session_id.as_deref().unwrap_or(""),
             status = self.status,
-            code = l.code.unwrap_or(0),
-            reason = l.reason.unwrap_or(""),
+            code,
+            reason,
             bytes_in = l.bytes_in,
             bytes_out = self.bytes_out,
             events,
@@ -407,9 +427,26 @@ impl Drop for AccessLog {
                 partner: partner.to_owned(),
                 method,
                 status: self.status,
-                code: l.code.unwrap_or(0),
+                code,
             })
             .inc();
+        if let Some(e) = ending.filter(|e| e.count_upstream) {
+            m.upstream_errors
+                .get_or_create(&crate::metrics::PartnerReasonLabels {
+                    partner: partner.to_owned(),
+                    reason: e.reason,
+                })
+                .inc();
+        }
+        if self.streamed {
+            let outcome = ending.map_or(crate::outcome::CLIENT_CLOSED, |e| e.reason);
+            m.streams_ended
+                .get_or_create(&crate::metrics::StreamOutcomeLabels {
+                    partner: partner.to_owned(),
+                    outcome,
+                })
+                .inc();
+        }
         let route = crate::metrics::RouteLabels {
             partner: partner.to_owned(),
             method,
@@ -433,10 +470,25 @@ impl Body for Tracked {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let polled = Pin::new(&mut self.body).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(frame))) = &polled {
-            if let Some(data) = frame.data_ref() {
-                self.access.bytes_out += data.len() as u64;
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    self.access.bytes_out += data.len() as u64;
+                }
             }
+            Poll::Ready(Some(Err(e))) => {
+                self.access.cut = Some(match e.downcast_ref::<RelayError>() {
+                    Some(why) => Ending {
+                        reason: why.reason(),
+                        count_upstream: true,
+                    },
+                    None => Ending {
+                        reason: "body_error",
+                        count_upstream: false,
+                    },
+                });
+            }
+            _ => {}
         }
         polled
     }

@@ -16,7 +16,6 @@
 //! live record costs no new permit (its recorder holds one), following a finished record
 //! takes one for as long as the Leader reads.
 
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -28,13 +27,14 @@ use crate::error::GatewayError;
 use crate::gateway::Snapshot;
 use crate::identity::PeerIdentity;
 use crate::jsonrpc::{Command, RpcId};
+use crate::outcome::{partner_caused, StreamTally};
 use crate::policy::tasks::PendingClaim;
 use crate::proxy::{is_event_stream, relay_response, ResponseBody};
 use crate::ratelimit::concurrency::InFlightPermit;
 use crate::relay_body::SseTail;
 use crate::routing::Partner;
 use crate::sse::relay::{follow, record_upstream};
-use crate::sse::replay::{StreamKey, StreamMeta};
+use crate::sse::replay::{StreamEnd, StreamKey, StreamMeta};
 
 /// What a `stream` request says, copied out of the borrowed envelope.
 pub struct StreamRequest {
@@ -54,8 +54,8 @@ pub struct Work {
     pub in_flight: InFlightPermit,
     /// A `start`'s provisional task claim, kept if the Partner answers with a stream.
     pub claim: Option<PendingClaim>,
-    /// Counts the Partner's events sent to this Leader (for the access log).
-    pub events: Arc<AtomicU64>,
+    /// The Partner's events sent to this Leader and how its stream ended (access log).
+    pub tally: Arc<StreamTally>,
 }
 
 /// The `Last-Event-ID` request header as an `eventSeq`.
@@ -122,7 +122,7 @@ pub async fn handle(
                     id,
                     settings.keepalive_interval,
                     closing,
-                    work.events,
+                    work.tally,
                 );
                 return Ok(sse_response(counted(
                     snap,
@@ -153,7 +153,7 @@ pub async fn handle(
             }
         }
         let tail = || SseTail {
-            events: work.events,
+            tally: work.tally,
             id,
         };
         return Ok(relay_response(resp, idle, tail, held));
@@ -175,9 +175,22 @@ pub async fn handle(
         id,
         settings.keepalive_interval,
         snap.closing.subscribe(),
-        work.events,
+        work.tally,
     );
-    tokio::spawn(record_upstream(resp.into_body(), record, settings, held));
+    let (metrics, pname) = (snap.metrics.clone(), partner.config.name.clone());
+    tokio::spawn(async move {
+        let end = record_upstream(resp.into_body(), record, settings, held).await;
+        // Counted once per Partner stream, however many Leaders followed it.
+        if let StreamEnd::Failed { reason } = end {
+            if partner_caused(reason) {
+                let labels = crate::metrics::PartnerReasonLabels {
+                    partner: pname,
+                    reason,
+                };
+                metrics.upstream_errors.get_or_create(&labels).inc();
+            }
+        }
+    });
     Ok(sse_response(counted(snap, body)))
 }
 

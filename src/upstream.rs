@@ -1,9 +1,10 @@
 //! The connecting side: pooled keep-alive clients to a Partner's upstreams.
 //!
 //! One pool per Partner (each has its own TLS settings); upstream URLs are used round
-//! robin. The request body is the client's original `Bytes`; the response body is
-//! streamed back as it arrives, never buffered. Failures are classified here into
-//! unavailable (502), TLS (502), timeout (504) or protocol (502).
+//! robin. The request body is the client's original `Bytes`; a `2xx` JSON or event-stream
+//! answer is streamed back as it arrives, never buffered, and any other answer is judged
+//! by [`crate::answer`] first. Failures are classified here into unavailable (502), TLS
+//! (502), timeout (504), protocol (502) or, by `answer`, bad response (502).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -18,6 +19,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::pki_types::ServerName;
 
+use crate::answer::{vet, AnswerBody, AnswerLimits};
 use crate::config::{PartnerConfig, UpstreamConfig};
 use crate::error::GatewayError;
 use crate::tls::client::{partner_client_config, PartnerAicMismatch};
@@ -31,6 +33,7 @@ pub struct UpstreamPool {
     upstreams: Vec<Uri>,
     next: AtomicUsize,
     response_timeout: Duration,
+    answers: AnswerLimits,
 }
 
 impl UpstreamPool {
@@ -73,6 +76,10 @@ impl UpstreamPool {
             upstreams: p.upstreams.clone(),
             next: AtomicUsize::new(0),
             response_timeout: u.response_timeout,
+            answers: AnswerLimits {
+                max_bytes: u.max_error_body_bytes,
+                idle: u.body_idle_timeout,
+            },
         })
     }
 
@@ -87,18 +94,23 @@ impl UpstreamPool {
     }
 
     /// Sends a request and waits for the response headers (bounded by
-    /// `upstream.response_timeout`); the body then streams.
+    /// `upstream.response_timeout`); a usual answer's body then streams, an unusual one is
+    /// judged first (see [`crate::answer`]).
     pub async fn send(
         &self,
         req: Request<Full<Bytes>>,
-    ) -> Result<Response<Incoming>, GatewayError> {
-        match tokio::time::timeout(self.response_timeout, self.client.request(req)).await {
-            Err(_) => Err(GatewayError::UpstreamTimeout {
-                partner: self.partner.clone(),
-            }),
-            Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(e)) => Err(self.classify(&e)),
-        }
+    ) -> Result<Response<AnswerBody<Incoming>>, GatewayError> {
+        let resp = match tokio::time::timeout(self.response_timeout, self.client.request(req)).await
+        {
+            Err(_) => {
+                return Err(GatewayError::UpstreamTimeout {
+                    partner: self.partner.clone(),
+                })
+            }
+            Ok(Ok(resp)) => resp,
+            Ok(Err(e)) => return Err(self.classify(&e)),
+        };
+        vet(resp, self.answers, &self.partner).await
     }
 
     fn classify(&self, e: &hyper_util::client::legacy::Error) -> GatewayError {

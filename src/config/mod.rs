@@ -88,6 +88,7 @@ pub struct UpstreamConfig {
     pub pool_idle_timeout: Duration,
     pub pool_max_idle_per_host: usize,
     pub body_idle_timeout: Duration,
+    pub max_error_body_bytes: usize,
 }
 
 /// `[policy.tasks]`, validated.
@@ -238,6 +239,10 @@ impl Config {
             ),
             ("replay.max_total_bytes", raw.replay.max_total_bytes),
             ("replay.max_streams", raw.replay.max_streams),
+            (
+                "upstream.max_error_body_bytes",
+                raw.upstream.max_error_body_bytes,
+            ),
         ] {
             if n == 0 {
                 bail!("{key}: must be at least 1");
@@ -348,6 +353,7 @@ impl Config {
                 pool_idle_timeout: raw.upstream.pool_idle_timeout,
                 pool_max_idle_per_host: raw.upstream.pool_max_idle_per_host,
                 body_idle_timeout: raw.upstream.body_idle_timeout,
+                max_error_body_bytes: raw.upstream.max_error_body_bytes,
             },
             stream: crate::sse::relay::StreamSettings {
                 keepalive_interval: raw.stream.keepalive_interval,

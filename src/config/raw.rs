@@ -232,6 +232,11 @@ pub struct RawUpstream {
     /// A relayed Partner body (after its headers) may pause this long between frames.
     #[serde(default = "d30s", with = "humantime_serde")]
     pub body_idle_timeout: Duration,
+    /// How much of a Partner answer that is not a 2xx JSON or event stream is read to
+    /// tell whether it is a JSON-RPC response (relayed unchanged) or not (answered `502`
+    /// `upstream_bad_response`); a longer one is not a JSON-RPC response.
+    #[serde(default = "default_error_body")]
+    pub max_error_body_bytes: usize,
 }
 
 impl Default for RawUpstream {
@@ -242,6 +247,7 @@ impl Default for RawUpstream {
             pool_idle_timeout: d90s(),
             pool_max_idle_per_host: default_pool_idle(),
             body_idle_timeout: d30s(),
+            max_error_body_bytes: default_error_body(),
         }
     }
 }
@@ -533,6 +539,9 @@ fn default_max_body() -> usize {
 }
 fn default_pool_idle() -> usize {
     64
+}
+fn default_error_body() -> usize {
+    64 * 1024
 }
 
 /// `[admin]`

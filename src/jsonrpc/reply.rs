@@ -63,6 +63,9 @@ pub struct ErrorData {
     /// When to retry, after a rate-limit refusal.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
+    /// The Partner's HTTP status, when its answer was not a JSON-RPC response.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream_status: Option<u16>,
     /// The lowest `eventSeq` still available, when events were evicted.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_available_seq: Option<u64>,
@@ -125,22 +128,58 @@ mod tests {
     }
 }
 
-/// Whether a Partner's answer is a JSON-RPC response carrying a `result` (and no `error`).
-pub fn is_result(body: &[u8]) -> bool {
+/// What a Partner's answer body is, read as JSON-RPC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnswerShape {
+    /// A JSON-RPC 2.0 response carrying a `result`.
+    Result,
+    /// A JSON-RPC 2.0 response carrying a well-formed `error` (integer `code`, string
+    /// `message`).
+    Error,
+    /// Anything else: not JSON, not an object, no `"jsonrpc":"2.0"`, no `id`, both or
+    /// neither of `result` and `error`, or a malformed `error`.
+    Other,
+}
+
+/// Reads a Partner's answer body as a JSON-RPC response (borrowed, nothing copied).
+pub fn answer_shape(body: &[u8]) -> AnswerShape {
     #[derive(serde::Deserialize)]
-    struct Outcome<'a> {
+    struct Response<'a> {
+        #[serde(borrow)]
+        jsonrpc: Option<std::borrow::Cow<'a, str>>,
+        #[serde(borrow, default, deserialize_with = "super::envelope::present")]
+        id: Option<&'a RawValue>,
         #[serde(borrow, default, deserialize_with = "super::envelope::present")]
         result: Option<&'a RawValue>,
         #[serde(borrow, default, deserialize_with = "super::envelope::present")]
         error: Option<&'a RawValue>,
     }
-    matches!(
-        serde_json::from_slice::<Outcome<'_>>(body),
-        Ok(Outcome {
-            result: Some(_),
-            error: None
-        })
-    )
+    #[derive(serde::Deserialize)]
+    struct ErrorObject<'a> {
+        #[allow(dead_code)]
+        code: i64,
+        #[allow(dead_code)]
+        #[serde(borrow)]
+        message: std::borrow::Cow<'a, str>,
+    }
+    let Ok(r) = serde_json::from_slice::<Response<'_>>(body) else {
+        return AnswerShape::Other;
+    };
+    if r.jsonrpc.as_deref() != Some("2.0") || r.id.is_none() {
+        return AnswerShape::Other;
+    }
+    match (r.result, r.error) {
+        (Some(_), None) => AnswerShape::Result,
+        (None, Some(e)) if serde_json::from_str::<ErrorObject<'_>>(e.get()).is_ok() => {
+            AnswerShape::Error
+        }
+        _ => AnswerShape::Other,
+    }
+}
+
+/// Whether a Partner's answer is a JSON-RPC response carrying a `result` (and no `error`).
+pub fn is_result(body: &[u8]) -> bool {
+    answer_shape(body) == AnswerShape::Result
 }
 
 #[cfg(test)]
@@ -160,7 +199,35 @@ mod result_tests {
             br#"{"jsonrpc":"2.0","id":1,"result":1,"error":{}}"#
         ));
         assert!(!is_result(br#"{"result":1,"result":2}"#));
+        assert!(!is_result(br#"{"id":1,"result":1}"#), "no jsonrpc member");
         assert!(!is_result(b"<html>"));
         assert!(!is_result(b""));
+    }
+
+    #[test]
+    fn error_answers_are_told_from_anything_else() {
+        use super::{answer_shape, AnswerShape::*};
+        let error = br#"{"jsonrpc":"2.0","id":"a","error":{"code":-32001,"message":"Task not found","data":{}}}"#;
+        assert_eq!(answer_shape(error), Error);
+        let escaped = br#"{"jsonrpc":"2.0","id":null,"error":{"code":-1,"message":"a \"b\""}}"#;
+        assert_eq!(answer_shape(escaped), Error);
+        for other in [
+            &br#"<!DOCTYPE html><title>500</title>"#[..],
+            br#"{"jsonrpc":"2.0","id":1,"error":{"code":"x","message":"m"}}"#,
+            br#"{"jsonrpc":"2.0","id":1,"error":{"code":1}}"#,
+            br#"{"jsonrpc":"2.0","id":1,"error":"boom"}"#,
+            br#"{"jsonrpc":"2.0","error":{"code":1,"message":"no id"}}"#,
+            br#"{"jsonrpc":"1.0","id":1,"error":{"code":1,"message":"m"}}"#,
+            br#"{"error":"Internal Server Error"}"#,
+            br#"[{"jsonrpc":"2.0","id":1,"result":1}]"#,
+            b"",
+        ] {
+            assert_eq!(
+                answer_shape(other),
+                Other,
+                "{}",
+                String::from_utf8_lossy(other)
+            );
+        }
     }
 }

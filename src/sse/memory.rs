@@ -432,7 +432,7 @@ impl StreamRecord for MemRecord {
             out.push(e.clone());
         }
         cursor.next_pos = st.base_pos + st.entries.len() as u64;
-        Ok(st.end.clone())
+        Ok(st.end)
     }
 
     fn changes(&self) -> watch::Receiver<u64> {

@@ -9,7 +9,6 @@
 //! only after `detach_timeout` with no follower).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,6 +22,7 @@ use super::replay::{Cursor, Entry, StreamEnd, StreamRecord, NO_SEQ};
 use super::splitter::{RawEvent, Splitter};
 use crate::error::codes;
 use crate::jsonrpc::reply::{error_body, ErrorData, RpcId};
+use crate::outcome::{Ending, StreamTally};
 use crate::proxy::{BoxError, ResponseBody};
 
 /// Stream timing and size bounds (see `[stream]` in the config).
@@ -41,13 +41,15 @@ pub struct StreamSettings {
 /// Reads the Partner's SSE body into `record` until the stream ends, fails, idles out,
 /// or has had no follower for `detach_timeout`. Always finishes the record. `held` (the
 /// permits counting the Partner's stream) is released only then, so a stream whose Leader
-/// left still counts against the limits while the Partner keeps it open.
+/// left still counts against the limits while the Partner keeps it open. Returns how the
+/// Partner's stream ended.
 pub async fn record_upstream<B, G>(
     body: B,
     record: Arc<dyn StreamRecord>,
     s: StreamSettings,
     held: G,
-) where
+) -> StreamEnd
+where
     B: Body<Data = Bytes> + Unpin,
 {
     let mut body = body;
@@ -98,6 +100,7 @@ pub async fn record_upstream<B, G>(
     drop(body);
     drop(held);
     record.finish(end);
+    end
 }
 
 async fn sleep_until_opt(at: Option<Instant>) {
@@ -138,8 +141,9 @@ struct Follower {
     keepalive: Duration,
     last_sent: Option<u64>,
     done: bool,
-    /// The Partner's events sent to this Leader (for the access log).
-    events: Arc<AtomicU64>,
+    /// The Partner's events sent to this Leader and how the stream ended (for the access
+    /// log).
+    tally: Arc<StreamTally>,
     _guard: super::replay::FollowerGuard,
 }
 
@@ -147,15 +151,15 @@ struct Follower {
 /// line, and its JSON-RPC id is replaced by `id` when they differ (spliced into the
 /// event's own bytes, never re-serialized). An abnormal end or an eviction gap becomes a
 /// final JSON-RPC error event, and so does `closing` turning true (a shutdown whose drain
-/// time is over). `events` counts the Partner's events sent (not the gateway's own error
-/// event, nor keep-alive comments).
+/// time is over). `tally` counts the Partner's events sent (not the gateway's own error
+/// event, nor keep-alive comments) and records how the stream ended for this Leader.
 pub fn follow(
     record: Arc<dyn StreamRecord>,
     cursor: Cursor,
     id: RpcId,
     keepalive: Duration,
     closing: tokio::sync::watch::Receiver<bool>,
-    events: Arc<AtomicU64>,
+    tally: Arc<StreamTally>,
 ) -> ResponseBody {
     let state = Follower {
         closing: Some(closing),
@@ -169,7 +173,7 @@ pub fn follow(
         keepalive,
         last_sent: None,
         done: false,
-        events,
+        tally,
     };
     let frames = futures_util::stream::unfold(state, |mut st| async move {
         loop {
@@ -190,29 +194,22 @@ pub fn follow(
                     st.scratch = entries;
                     st.scratch.clear();
                     match end {
-                        Some(StreamEnd::Complete) => st.done = true,
-                        Some(StreamEnd::Failed { reason }) => {
-                            let ev = st.error_event(reason, None);
-                            st.queue.push_back(ev);
+                        Some(StreamEnd::Complete) => {
+                            st.tally.end(Ending::completed());
                             st.done = true;
                         }
+                        Some(StreamEnd::Failed { reason }) => st.fail(reason, None),
                         None => {}
                     }
                 }
-                Err(gap) => {
-                    let ev = st.error_event("events_evicted", gap.first_available_seq);
-                    st.queue.push_back(ev);
-                    st.done = true;
-                }
+                Err(gap) => st.fail("events_evicted", gap.first_available_seq),
             }
             if !st.queue.is_empty() || st.done {
                 continue;
             }
             if st.closing.as_ref().is_some_and(|c| *c.borrow()) {
                 // The gateway is shutting down and the drain time is over.
-                let ev = st.error_event("shutting_down", None);
-                st.queue.push_back(ev);
-                st.done = true;
+                st.fail("shutting_down", None);
                 continue;
             }
             tokio::select! {
@@ -246,7 +243,7 @@ async fn closing_changed(
 
 impl Follower {
     fn push_event(&mut self, e: &Entry) {
-        self.events.fetch_add(1, Ordering::Relaxed);
+        self.tally.add_events(1);
         if e.seq != NO_SEQ {
             self.queue
                 .push_back(Bytes::from(format!("id: {}\n", e.seq)));
@@ -262,8 +259,16 @@ impl Follower {
         }
     }
 
-    fn error_event(&self, reason: &'static str, last_available: Option<u64>) -> Bytes {
-        error_event(&self.id, reason, Some(self.last_sent), last_available)
+    /// Ends this Leader's stream with a final error event. A Partner-caused end is counted
+    /// once by the stream's recorder, not per follower.
+    fn fail(&mut self, reason: &'static str, last_available: Option<u64>) {
+        self.tally.end(Ending {
+            reason,
+            count_upstream: false,
+        });
+        let ev = error_event(&self.id, reason, Some(self.last_sent), last_available);
+        self.queue.push_back(ev);
+        self.done = true;
     }
 }
 

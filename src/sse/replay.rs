@@ -52,7 +52,7 @@ pub struct Entry {
 }
 
 /// How a stream ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StreamEnd {
     /// The Partner closed it after a terminal task state.
     Complete,

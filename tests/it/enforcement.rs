@@ -250,7 +250,9 @@ async fn a_refused_start_claims_no_task() {
         .post(gw.addr, "/p/rpc", &rpc_start("1", LEADER_A, "shared"))
         .await
         .unwrap();
-    assert_eq!(r.status, 404);
+    // The Partner's HTML 404 is not a JSON-RPC answer.
+    assert_eq!(r.status, 502);
+    assert_eq!(r.json()["error"]["data"]["upstreamStatus"], 404);
     let r = b
         .post(gw.addr, "/p/rpc", &rpc_start("2", LEADER_B, "shared"))
         .await

@@ -5,6 +5,7 @@ mod auth;
 mod demo;
 mod enforcement;
 mod envelope;
+mod faults;
 mod forward;
 mod ops;
 mod policy;

@@ -1,6 +1,7 @@
 //! Shared helpers: a PKI generated at test time, a recording test Partner, the gateway on
 //! a free loopback port, and a Leader client over real TLS (HTTP/1.1 or HTTP/2).
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -464,7 +465,7 @@ impl Leader {
     }
 
     /// POSTs on a new connection; returns the response head and the connection's task.
-    async fn send(
+    pub async fn send(
         &self,
         addr: SocketAddr,
         path: &str,
@@ -897,4 +898,30 @@ pub async fn send_on(send: &mut H2, path: &str, body: &str) -> Reply {
         headers: parts.headers,
         body: body.collect().await.unwrap().to_bytes(),
     }
+}
+
+/// `name{labels}` -> value, from the Prometheus text format.
+pub fn parse_metrics(text: &str) -> HashMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_owned(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+pub async fn metric(gw: &TestGateway, key: &str, want: f64) -> HashMap<String, f64> {
+    // Request metrics are written when the response body ends, just after the client
+    // has read it: wait for them rather than race.
+    within(10, async {
+        loop {
+            let m = parse_metrics(&gw.admin_get("/metrics").await.1);
+            if m.get(key) == Some(&want) {
+                return m;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
 }
