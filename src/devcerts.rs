@@ -25,6 +25,11 @@ pub const DEV_LEADER_V2_AIC: &str = "10001000011K94ZH3VDXLP4S5EB63614";
 pub const DEV_PARTNER_AIC: &str = "10001000011K96TFZ2B9H9I1J85AUF77";
 /// The gateway's own AIC (its client certificate towards Partners).
 pub const DEV_GATEWAY_AIC: &str = "10001000011K9DX1GW14X1VSP2QQNG44";
+/// A v2.1-profile Leader's dotted AIC: registrar `1`, whose salt is
+/// [`DEV_REGISTRAR_SALT_HEX`] (the AIP v2 facts' test vector).
+pub const DEV_LEADER_DOTTED_AIC: &str = "1.2.156.3088.1.1.34C2.478BDF.3GF546.0JU4";
+/// The development registrar `1`'s salt, hex (configured in `config/aipgw.toml`).
+pub const DEV_REGISTRAR_SALT_HEX: &str = "1234";
 
 /// What to put in a certificate.
 #[derive(Debug, Clone)]
@@ -85,6 +90,19 @@ impl CertSpec {
             client_auth: true,
             ..CertSpec::base(aic)
         }
+    }
+
+    /// A v2.1-profile agent: `CN=<AIC>`, `URI:acps://<AIC>`, and the extra host names
+    /// and addresses its description publishes (they claim no identity).
+    pub fn leader_v21(aic: &str, hosts: &[&str]) -> CertSpec {
+        let mut spec = CertSpec::leader_v2(aic);
+        for h in hosts {
+            match h.parse::<IpAddr>() {
+                Ok(ip) => spec.ips.push(ip),
+                Err(_) => spec.dns.push((*h).to_owned()),
+            }
+        }
+        spec
     }
 
     /// A TLS server for the given DNS names and IP addresses.
@@ -160,6 +178,29 @@ impl DevCa {
         let key = KeyPair::generate()?;
         Ok(DevCa {
             issuer: CertifiedIssuer::self_signed(params, key)?,
+        })
+    }
+
+    /// An intermediate CA signed by this one (the v2.1 reference CA's shape: root ->
+    /// intermediate -> leaf).
+    pub fn intermediate(&self, name: &str) -> anyhow::Result<DevCa> {
+        let mut params = CertificateParams::default();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let now = OffsetDateTime::now_utc();
+        params.not_before = now - Duration::days(2);
+        params.not_after = now + Duration::days(365 * 10);
+        params.use_authority_key_identifier_extension = true;
+        params.serial_number = Some(SerialNumber::from_slice(&random_serial().to_be_bytes()));
+        let key = KeyPair::generate()?;
+        Ok(DevCa {
+            issuer: CertifiedIssuer::signed_by(params, key, &self.issuer)?,
         })
     }
 
@@ -286,5 +327,17 @@ pub fn write_dev_certs(dir: &Path) -> anyhow::Result<()> {
         write(&format!("{name}.pem"), &issued.cert_pem)?;
         write(&format!("{name}.key"), &issued.key_pem)?;
     }
+    // A v2.1-profile Leader with a dotted AIC, issued through an intermediate; its PEM
+    // holds the leaf and the intermediate, as the reference client sends them.
+    let intermediate = ca.intermediate("aipgw DEVELOPMENT intermediate CA - do not trust")?;
+    let issued = intermediate.issue(&CertSpec::leader_v21(
+        DEV_LEADER_DOTTED_AIC,
+        &["leader.example.test", "192.0.2.10"],
+    ))?;
+    write(
+        "leader-dotted.pem",
+        &format!("{}{}", issued.cert_pem, intermediate.cert_pem()),
+    )?;
+    write("leader-dotted.key", &issued.key_pem)?;
     Ok(())
 }

@@ -8,6 +8,7 @@
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 
+use crate::config::raw::ErrorStatus;
 use crate::identity::CredentialError;
 use crate::jsonrpc::envelope::EnvelopeError;
 use crate::jsonrpc::reply::{error_body, ErrorData, RpcId};
@@ -288,9 +289,25 @@ impl GatewayError {
         }
     }
 
-    /// The response: the mapped status and a JSON-RPC error echoing `id`.
-    pub fn into_response(self, id: &RpcId) -> Response<Bytes> {
-        let (status, code, _) = self.classify();
+    /// Whether the HTTP status itself carries meaning a client needs (the body was too
+    /// large, the wrong HTTP method, the body too slow), so it stands even under
+    /// `listener.error_status = "ok"`.
+    fn status_is_semantic(&self) -> bool {
+        matches!(
+            self,
+            GatewayError::BodyTooLarge { .. }
+                | GatewayError::HttpMethod(_)
+                | GatewayError::BodyTimeout
+        )
+    }
+
+    /// The response: the mapped status (or `200`, under `ErrorStatus::Ok`, for every error
+    /// whose status is not semantic) and a JSON-RPC error echoing `id`.
+    pub fn into_response(self, id: &RpcId, mode: ErrorStatus) -> Response<Bytes> {
+        let (mut status, code, _) = self.classify();
+        if mode == ErrorStatus::Ok && !self.status_is_semantic() {
+            status = StatusCode::OK;
+        }
         let body = error_body(id, code, Self::message(code), &self.data());
         let mut resp = Response::new(body);
         *resp.status_mut() = status;

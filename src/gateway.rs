@@ -67,7 +67,11 @@ impl Snapshot {
         stores: Stores,
         previous: Option<&Snapshot>,
     ) -> anyhow::Result<Snapshot> {
-        let tls = tls::build_server(&config.listener, &config.aic_domain_suffix)?;
+        let rules = crate::identity::AicRules {
+            suffix: config.aic_domain_suffix.clone(),
+            dotted: config.dotted.clone(),
+        };
+        let tls = tls::build_server(&config.listener, rules)?;
         record_cert_expiry(&stores.metrics, &config);
         let mut partners = Vec::with_capacity(config.partners.len());
         for p in &config.partners {

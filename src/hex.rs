@@ -1,5 +1,5 @@
 //! Lowercase hex encoding (certificate fingerprints, trace and request ids), in one
-//! allocation.
+//! allocation, and decoding (registrar salts).
 
 const DIGITS: &[u8; 16] = b"0123456789abcdef";
 
@@ -13,11 +13,34 @@ pub fn encode(bytes: &[u8]) -> String {
     out
 }
 
+/// Hex text (either case, even length) as bytes; `None` for anything else.
+pub fn decode(text: &str) -> Option<Vec<u8>> {
+    let t = text.as_bytes();
+    if t.len() % 2 != 0 {
+        return None;
+    }
+    let nibble = |c: u8| char::from(c).to_digit(16).map(|d| d as u8);
+    t.chunks(2)
+        .map(|p| Some(nibble(p[0])? << 4 | nibble(p[1])?))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
     fn encodes() {
         assert_eq!(super::encode(&[0x00, 0xab, 0x7f, 0xff]), "00ab7fff");
         assert_eq!(super::encode(&[]), "");
+    }
+
+    #[test]
+    fn decodes() {
+        assert_eq!(
+            super::decode("00aB7fFF"),
+            Some(vec![0x00, 0xab, 0x7f, 0xff])
+        );
+        assert_eq!(super::decode(""), Some(vec![]));
+        assert_eq!(super::decode("abc"), None);
+        assert_eq!(super::decode("zz"), None);
     }
 }

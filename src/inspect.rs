@@ -7,6 +7,7 @@ use rustls_pki_types::UnixTime;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
 use crate::config::Config;
+use crate::identity::aic::{AicCheck, AicForm};
 use crate::identity::cert::{aic_claims, decide};
 use crate::identity::{sha256_hex, AicError, CredentialError};
 use crate::tls::pem;
@@ -39,10 +40,10 @@ pub fn inspect(cert_path: &Path, config: Option<&Config>, suffix: &str) -> anyho
     }
     for c in &claims {
         let verdict = match c.verdict {
-            Ok(_) => "valid, check code correct",
-            Err(AicError::CheckCode) => "WRONG CHECK CODE",
-            Err(AicError::Length) => "MALFORMED (not 32 characters)",
-            Err(AicError::Charset) => "MALFORMED (not 0-9A-Z)",
+            Ok(a) if a.form() == AicForm::V1 => "valid v1 AIC, check code correct".to_owned(),
+            Ok(_) => "valid v2 (dotted) AIC format".to_owned(),
+            Err(AicError::CheckCode) => "WRONG CHECK CODE".to_owned(),
+            Err(e) => format!("MALFORMED ({e})"),
         };
         let _ = writeln!(
             out,
@@ -52,9 +53,27 @@ pub fn inspect(cert_path: &Path, config: Option<&Config>, suffix: &str) -> anyho
         );
     }
     let mut accepted = true;
+    let dotted = config.map(|c| c.dotted.clone()).unwrap_or_default();
     match decide(&claims) {
         Ok(aic) => {
             let _ = writeln!(out, "AIC:         {aic}");
+            let _ = writeln!(out, "AIC form:    {}", aic.form().label());
+            if let Some(r) = aic.registrar() {
+                let _ = writeln!(out, "registrar:   {r}");
+            }
+            let check = match dotted.judge(&aic) {
+                Ok(AicCheck::Verified) => "verified".to_owned(),
+                Ok(AicCheck::Unverified) => {
+                    "unverified (no salt for this registrar; accepted: dotted_check = \"when-salted\")"
+                        .to_owned()
+                }
+                Err(e) => {
+                    accepted = false;
+                    let reason = crate::identity::CredentialError::from_aic(e).reason();
+                    format!("REFUSED ({reason}: {e})")
+                }
+            };
+            let _ = writeln!(out, "check code:  {check}");
         }
         Err(e) => {
             accepted = false;

@@ -42,6 +42,15 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
+/// A verified connection identity: its AIC form and how far its check code was verified.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IdentityLabels {
+    /// `v1` or `v2` (dotted).
+    pub form: &'static str,
+    /// `verified`, or `unverified` (a dotted AIC without its registrar's salt).
+    pub check: &'static str,
+}
+
 /// A Partner and a reason.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PartnerReasonLabels {
@@ -102,6 +111,8 @@ pub struct Metrics {
     pub handshake_failures: Family<ReasonLabels, Counter>,
     /// Connections whose certificate gave no identity.
     pub identity_failures: Family<ReasonLabels, Counter>,
+    /// Connections whose certificate gave an identity, by AIC form and check.
+    pub identities: Family<IdentityLabels, Counter>,
     /// Requests refused by policy (-32009 and blocked AICs).
     pub policy_refusals: Family<ReasonLabels, Counter>,
     /// Requests refused by quotas and concurrency limits.
@@ -141,6 +152,7 @@ impl Metrics {
             open_connections: Gauge::default(),
             handshake_failures: Family::default(),
             identity_failures: Family::default(),
+            identities: Family::default(),
             policy_refusals: Family::default(),
             rate_limit_refusals: Family::default(),
             open_streams: Gauge::default(),
@@ -186,6 +198,11 @@ impl Metrics {
             "identity_failures",
             "Connections whose certificate gave no identity, by reason",
             m.identity_failures.clone(),
+        );
+        r.register(
+            "identities",
+            "Connections whose certificate gave an identity, by AIC form and check-code verification",
+            m.identities.clone(),
         );
         r.register(
             "policy_refusals",

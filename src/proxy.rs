@@ -28,10 +28,12 @@ use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full};
 use hyper::body::Incoming;
 
 use crate::body::{read_bounded, BodyError};
+use crate::config::raw::AipVersion;
 use crate::error::GatewayError;
 use crate::gateway::Snapshot;
 use crate::identity::verdict::unix_now;
 use crate::identity::{Aic, ConnAuth, ConnIdentity, PeerIdentity};
+use crate::jsonrpc::envelope::{EnvelopeError, Shape};
 use crate::jsonrpc::{self, Command, Method, RpcId};
 use crate::outcome::StreamTally;
 use crate::policy::tasks::{check_task, PendingClaim};
@@ -111,7 +113,8 @@ pub async fn handle(
             log.code = Some(code);
             log.reason = Some(reason);
             snap.metrics.refusal(&err, log.partner.as_deref());
-            err.into_response(&id).map(full)
+            err.into_response(&id, snap.config.listener.error_status)
+                .map(full)
         }
     }
 }
@@ -212,24 +215,19 @@ async fn pipeline(
             ));
         }
     }
-    let message = envelope.message.as_ref();
-    if let Some(sender) = message.and_then(|m| m.sender_id.as_deref()) {
-        if sender != identity.aic.as_str() {
-            let detail = format!(
-                "senderId {sender:?} is not the caller's certificate AIC {}",
-                identity.aic
-            );
-            return Err((
-                GatewayError::Forbidden {
-                    reason: "sender_mismatch",
-                    detail,
-                },
-                id,
-            ));
-        }
-    }
     let partner = &route.partner;
     let pname = partner.config.name.as_str();
+    with_id(
+        check_generation(partner.config.aip_version, method, envelope.shape, pname),
+        &id,
+    )?;
+    let message = envelope.message.as_ref();
+    if let Some(sender) = message.and_then(|m| m.sender_id.as_deref()) {
+        with_id(check_sender(sender, &identity.aic), &id)?;
+    }
+    if let Some(leader) = envelope.group_leader.as_deref() {
+        with_id(check_group_leader(leader, &identity.aic), &id)?;
+    }
     with_id(
         cfg.policy
             .check_role(message.and_then(|m| m.sender_role.as_deref())),
@@ -308,6 +306,7 @@ async fn pipeline(
             let tail = || SseTail {
                 tally: log.stream.insert(Arc::default()).clone(),
                 id: id.clone(),
+                on_failure: cfg.stream.on_upstream_failure,
             };
             match claim {
                 Some(claim) => {
@@ -321,6 +320,66 @@ async fn pipeline(
     };
     log.upstream = Some(started.elapsed());
     Ok(resp)
+}
+
+/// `senderId` must name the caller's certificate AIC. The usual exact match costs one
+/// compare; another spelling (a dotted AIC in lowercase) is parsed and compared.
+fn check_sender(sender: &str, caller: &Aic) -> Result<(), GatewayError> {
+    if sender == caller.as_str() || Aic::parse(sender).is_ok_and(|a| a == *caller) {
+        return Ok(());
+    }
+    Err(GatewayError::Forbidden {
+        reason: "sender_mismatch",
+        detail: format!("senderId {sender:?} is not the caller's certificate AIC {caller}"),
+    })
+}
+
+/// A `group` invitation's `params.group.leader.aic` must be the caller's own AIC.
+fn check_group_leader(leader: &str, caller: &Aic) -> Result<(), GatewayError> {
+    match Aic::parse(leader) {
+        Ok(a) if a == *caller => Ok(()),
+        Ok(_) => Err(GatewayError::Forbidden {
+            reason: "group_leader_mismatch",
+            detail: format!(
+                "params.group.leader.aic {leader:?} is not the caller's certificate AIC {caller}"
+            ),
+        }),
+        Err(e) => Err(GatewayError::Envelope(EnvelopeError::InvalidParams {
+            field: "params.group.leader.aic",
+            message: format!("params.group.leader.aic {leader:?} is not an AIC: {e}"),
+        })),
+    }
+}
+
+/// A Partner pinned to one AIP generation gets only that generation's shape (`stream`
+/// has one shape in both).
+fn check_generation(
+    version: AipVersion,
+    method: Method,
+    shape: Option<Shape>,
+    partner: &str,
+) -> Result<(), GatewayError> {
+    if method == Method::Stream {
+        return Ok(());
+    }
+    let refuse = |shape: Shape, speaks: &str, send: &str| {
+        Err(GatewayError::Envelope(EnvelopeError::InvalidParams {
+            field: shape.field(),
+            message: format!(
+                "Partner {partner} speaks AIP {speaks}: send {send}, not {}",
+                shape.field()
+            ),
+        }))
+    };
+    match (version, shape) {
+        (AipVersion::V1, Some(Shape::Command)) => {
+            refuse(Shape::Command, "v01.00", "params.message")
+        }
+        (AipVersion::V2, Some(Shape::Message)) => {
+            refuse(Shape::Message, "v02.01", "params.command")
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Whether a response is an event stream.
@@ -622,6 +681,7 @@ mod tests {
         h.insert("traceparent", "00-abc-def-01".parse().unwrap());
         let id = PeerIdentity {
             aic: Aic::parse("10001000011K912345E789ABCDEF2353").unwrap(),
+            check: crate::identity::AicCheck::Verified,
             cert_sha256: "ab".repeat(32),
         };
         let out = upstream_headers(&h, &id, "127.0.0.9:5".parse().unwrap());

@@ -21,6 +21,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
+use crate::config::raw::OnUpstreamFailure;
 use crate::jsonrpc::RpcId;
 use crate::outcome::{Ending, StreamTally};
 use crate::proxy::BoxError;
@@ -82,6 +83,8 @@ pub struct SseTail {
     pub tally: Arc<StreamTally>,
     /// The request id echoed in a final error event.
     pub id: RpcId,
+    /// Whether a failure gets a final error event or a plain end.
+    pub on_failure: OnUpstreamFailure,
 }
 
 /// A relayed body with an idle bound (see the module docs), holding `G` (the request's
@@ -127,6 +130,9 @@ impl<B, G> Relayed<B, G> {
         match &self.sse {
             Some((tail, _)) => {
                 tail.tally.end(why.ending());
+                if tail.on_failure == OnUpstreamFailure::Close {
+                    return Poll::Ready(None);
+                }
                 let ev = error_event(&tail.id, why.reason(), None, None);
                 Poll::Ready(Some(Ok(Frame::data(ev))))
             }
@@ -269,6 +275,7 @@ mod tests {
         let tail = SseTail {
             tally: tally.clone(),
             id: RpcId::null(),
+            on_failure: OnUpstreamFailure::ErrorEvent,
         };
         let mut b = Relayed::new(
             stalled(b"data: {}\r\n\r\n: c\n\n"),

@@ -200,7 +200,14 @@ async fn serve_connection(
             Some(e.reason())
         }
         ConnAuth::Missing => Some("no_client_certificate"),
-        ConnAuth::Verified(_) => None,
+        ConnAuth::Verified(id) => {
+            let labels = crate::metrics::IdentityLabels {
+                form: id.aic.form().label(),
+                check: id.check.label(),
+            };
+            snap.metrics.identities.get_or_create(&labels).inc();
+            None
+        }
     };
     if let Some(reason) = failure {
         let labels = ReasonLabels { reason };

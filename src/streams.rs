@@ -123,6 +123,7 @@ pub async fn handle(
                     settings.keepalive_interval,
                     closing,
                     work.tally,
+                    settings.on_upstream_failure,
                 );
                 return Ok(sse_response(counted(
                     snap,
@@ -155,6 +156,7 @@ pub async fn handle(
         let tail = || SseTail {
             tally: work.tally,
             id,
+            on_failure: settings.on_upstream_failure,
         };
         return Ok(relay_response(resp, idle, tail, held));
     };
@@ -176,6 +178,7 @@ pub async fn handle(
         settings.keepalive_interval,
         snap.closing.subscribe(),
         work.tally,
+        settings.on_upstream_failure,
     );
     let (metrics, pname) = (snap.metrics.clone(), partner.config.name.clone());
     tokio::spawn(async move {

@@ -28,6 +28,8 @@ pub struct Config {
     pub listener: ListenerConfig,
     /// DNS suffix of v1-profile AIC names.
     pub aic_domain_suffix: String,
+    /// How dotted AIC check codes are verified (with the registrars' salts).
+    pub dotted: crate::identity::aic::DottedCheck,
     /// Largest request body accepted.
     pub max_body_bytes: usize,
     /// Partner connection settings.
@@ -77,6 +79,7 @@ pub struct ListenerConfig {
     pub http2_keepalive_timeout: Duration,
     pub max_handshakes_per_ip: usize,
     pub drain_timeout: Duration,
+    pub error_status: raw::ErrorStatus,
 }
 
 /// `[upstream]`, validated. Field meanings and defaults: see [`raw::RawUpstream`].
@@ -128,6 +131,8 @@ pub struct PartnerConfig {
     pub upstreams: Vec<http::Uri>,
     /// The Partner's own AIC, checked in its certificate over https.
     pub aic: Option<Aic>,
+    /// Which AIP generation it speaks.
+    pub aip_version: raw::AipVersion,
     /// Upstream path for each method, indexed by [`Method::index`].
     pub paths: [String; Method::ALL.len()],
     /// TLS to the Partner.
@@ -273,6 +278,30 @@ impl Config {
             http2_keepalive_timeout: l.http2_keepalive_timeout,
             max_handshakes_per_ip: l.max_handshakes_per_ip,
             drain_timeout: l.drain_timeout,
+            error_status: l.error_status,
+        };
+        let mut salts = std::collections::HashMap::new();
+        for (registrar, hex) in &raw.identity.registrar_salts {
+            let key = format!("identity.registrar_salts.{registrar:?}");
+            let upper = registrar.to_ascii_uppercase();
+            let probe = format!("1.2.156.3088.1.{upper}.1.1.0.0000");
+            if matches!(
+                Aic::parse(&probe),
+                Err(crate::identity::AicError::Level(6) | crate::identity::AicError::Charset)
+            ) {
+                bail!("{key}: not a registrar serial (1 to 6 characters of 0-9A-Z, not 0)");
+            }
+            // The salt itself is never echoed: it is a secret.
+            let bytes =
+                crate::hex::decode(hex).with_context(|| format!("{key}: the salt is not hex"))?;
+            if bytes.len() < 2 {
+                bail!("{key}: a salt has at least 2 bytes");
+            }
+            salts.insert(upper, bytes);
+        }
+        let dotted = crate::identity::aic::DottedCheck {
+            required: raw.identity.dotted_check == raw::DottedCheckMode::Required,
+            salts,
         };
         let policy = crate::policy::GlobalPolicy {
             sender_roles: raw.policy.sender_roles.clone(),
@@ -322,6 +351,11 @@ impl Config {
         for (i, p) in raw.partners.into_iter().enumerate() {
             let key = format!("partner[{i}] ({})", p.name);
             let partner = partner_from_raw(p, &resolve).with_context(|| key.clone())?;
+            if let Some(aic) = partner.aic {
+                dotted
+                    .judge(&aic)
+                    .map_err(|e| anyhow::anyhow!("{key}.aic: {aic}: {e}"))?;
+            }
             if !names.insert(partner.name.clone()) {
                 bail!("{key}.name: another Partner has this name");
             }
@@ -346,6 +380,7 @@ impl Config {
             source: None,
             listener,
             aic_domain_suffix: suffix,
+            dotted: dotted.clone(),
             max_body_bytes: raw.limits.max_body_bytes,
             upstream: UpstreamConfig {
                 connect_timeout: raw.upstream.connect_timeout,
@@ -360,6 +395,7 @@ impl Config {
                 idle_timeout: raw.stream.idle_timeout,
                 detach_timeout: raw.stream.detach_timeout,
                 max_event_bytes: raw.stream.max_event_bytes,
+                on_upstream_failure: raw.stream.on_upstream_failure,
             },
             replay: crate::sse::memory::ReplayLimits {
                 max_events_per_stream: raw.replay.max_events_per_stream,
@@ -513,6 +549,7 @@ fn partner_from_raw(
         access,
         rates,
         max_in_flight: l.max_in_flight,
+        aip_version: p.aip_version,
         name: p.name,
         prefix,
         hosts: p.hosts.iter().map(|h| h.to_ascii_lowercase()).collect(),

@@ -66,6 +66,9 @@ pub struct RawStream {
     /// Largest SSE event accepted from a Partner.
     #[serde(default = "default_max_event")]
     pub max_event_bytes: usize,
+    /// What a Leader gets when a Partner's stream fails before a terminal state.
+    #[serde(default)]
+    pub on_upstream_failure: OnUpstreamFailure,
 }
 
 impl Default for RawStream {
@@ -75,6 +78,7 @@ impl Default for RawStream {
             idle_timeout: d5m(),
             detach_timeout: d5m(),
             max_event_bytes: default_max_event(),
+            on_upstream_failure: OnUpstreamFailure::default(),
         }
     }
 }
@@ -122,6 +126,53 @@ pub enum ClientAuthMode {
     Jsonrpc,
     /// Fail the handshake on a missing or bad certificate.
     Strict,
+}
+
+/// The HTTP status of the gateway's own JSON-RPC errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ErrorStatus {
+    /// Each error keeps its mapped status (401, 403, 400, 429, 502, ...).
+    #[default]
+    Mapped,
+    /// Every JSON-RPC error is answered with HTTP 200, except body-size, method and
+    /// body-timeout refusals (413, 405, 408), whose HTTP meaning a client needs.
+    Ok,
+}
+
+/// What a Leader gets when a Partner's stream fails before a terminal state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OnUpstreamFailure {
+    /// A final JSON-RPC -32603 event with the reason and `lastEventSeq`.
+    #[default]
+    ErrorEvent,
+    /// The stream just ends (the replay buffer still records how it ended).
+    Close,
+}
+
+/// How dotted AIC check codes are verified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum DottedCheckMode {
+    /// With the registrar's salt, verified; without, a well-formed AIC is accepted.
+    #[default]
+    WhenSalted,
+    /// A dotted AIC whose registrar has no salt here is refused.
+    Required,
+}
+
+/// Which AIP generation a Partner speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum AipVersion {
+    /// Either shape is accepted (`params.message` or `params.command`).
+    #[default]
+    Auto,
+    /// v01.00: `params.message` only.
+    V1,
+    /// v02.01: `params.command` only (for `rpc` and `notification/start`).
+    V2,
 }
 
 /// `[listener]`
@@ -177,6 +228,9 @@ pub struct RawListener {
     /// Time open requests get to finish at shutdown.
     #[serde(default = "d30s", with = "humantime_serde")]
     pub drain_timeout: Duration,
+    /// The HTTP status of the gateway's JSON-RPC errors: `mapped` or `ok` (200).
+    #[serde(default)]
+    pub error_status: ErrorStatus,
 }
 
 /// `[identity]`
@@ -186,12 +240,20 @@ pub struct RawIdentity {
     /// DNS suffix of v1-profile names (`<AIC>.<suffix>`).
     #[serde(default = "default_suffix")]
     pub aic_domain_suffix: String,
+    /// How dotted AIC check codes are verified.
+    #[serde(default)]
+    pub dotted_check: DottedCheckMode,
+    /// Registrar serial (a dotted AIC's level 6) -> its salt, hex (secret: never logged).
+    #[serde(default)]
+    pub registrar_salts: BTreeMap<String, String>,
 }
 
 impl Default for RawIdentity {
     fn default() -> Self {
         RawIdentity {
             aic_domain_suffix: default_suffix(),
+            dotted_check: DottedCheckMode::default(),
+            registrar_salts: BTreeMap::new(),
         }
     }
 }
@@ -268,6 +330,9 @@ pub struct RawPartner {
     /// The Partner's AIC; with https upstreams its certificate must carry it.
     #[serde(default)]
     pub aic: Option<String>,
+    /// Which AIP generation it speaks: `auto`, `v1` or `v2`.
+    #[serde(default)]
+    pub aip_version: AipVersion,
     /// Method -> upstream path overrides.
     #[serde(default)]
     pub paths: BTreeMap<String, String>,

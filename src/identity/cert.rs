@@ -4,8 +4,8 @@
 //! - v1: subject `CN=<AIC>.<suffix>`, SAN `DNS:<AIC>.<suffix>` and `URI:agent://<AIC>`;
 //! - v2.1: subject `CN=<AIC>`, SAN `URI:acps://<AIC>`.
 //!
-//! Every place that claims an AIC is a *claim*: a CN ending in `.<suffix>` or a bare CN of
-//! 32 alphanumeric characters, a DNS SAN ending in `.<suffix>` (any case, with or without
+//! Every place that claims an AIC is a *claim*: a CN ending in `.<suffix>`, a bare CN of
+//! 32 alphanumeric characters or starting with the dotted prefix `1.2.156.3088.`, a DNS SAN ending in `.<suffix>` (any case, with or without
 //! the root's trailing dot, whatever stands before the suffix), a URI SAN with scheme
 //! `agent` or `acps`. Every claim must be a valid AIC and all must agree; at least one is
 //! required. Names that claim nothing (a CN such as `gateway`, `DNS:localhost`, an
@@ -14,7 +14,7 @@
 use x509_parser::extensions::GeneralName;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use super::aic::{Aic, AicError};
+use super::aic::{Aic, AicError, DOTTED_PREFIX};
 use super::CredentialError;
 
 /// Where in the certificate an AIC claim was found.
@@ -71,7 +71,7 @@ pub fn aic_claims(der: &[u8], suffix: &str) -> Result<Vec<Claim>, CredentialErro
         let cn = cn.as_str().map_err(|_| CredentialError::BadEncoding)?;
         if let Some(aic) = strip_suffix(cn, suffix) {
             push(ClaimSource::CommonNameWithSuffix, aic);
-        } else if cn.len() == 32 && cn.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        } else if looks_like_aic(cn) {
             push(ClaimSource::CommonNameBare, cn);
         }
     }
@@ -107,17 +107,22 @@ pub fn aic_from_certificate(der: &[u8], suffix: &str) -> Result<Aic, CredentialE
 pub fn decide(claims: &[Claim]) -> Result<Aic, CredentialError> {
     let mut found: Option<Aic> = None;
     for claim in claims {
-        let aic = match claim.verdict {
-            Ok(aic) => aic,
-            Err(AicError::CheckCode) => return Err(CredentialError::BadCheckCode),
-            Err(_) => return Err(CredentialError::MalformedAic),
-        };
+        let aic = claim.verdict.map_err(CredentialError::from_aic)?;
         match found {
             Some(prev) if prev != aic => return Err(CredentialError::AicMismatch),
             _ => found = Some(aic),
         }
     }
     found.ok_or(CredentialError::NoAic)
+}
+
+/// Whether a bare CN is written as an AIC, so it is a claim: 32 alphanumeric characters
+/// (v1), or the dotted prefix `1.2.156.3088.` (v2, any case).
+fn looks_like_aic(cn: &str) -> bool {
+    let dotted = cn
+        .get(..DOTTED_PREFIX.len() + 1)
+        .is_some_and(|h| h.strip_suffix('.') == Some(DOTTED_PREFIX));
+    dotted || (cn.len() == 32 && cn.bytes().all(|b| b.is_ascii_alphanumeric()))
 }
 
 /// The part of a DNS name (or a CN written like one) under `.<suffix>`: compared without

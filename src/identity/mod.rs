@@ -13,7 +13,7 @@ use rustls::server::danger::ClientCertVerifier;
 use rustls::{CertificateError, Error as TlsError};
 use rustls_pki_types::{CertificateDer, UnixTime};
 
-pub use aic::{Aic, AicError};
+pub use aic::{Aic, AicCheck, AicError, AicForm, DottedCheck};
 pub use verdict::{ConnIdentity, Trust};
 
 /// Why a presented certificate gives no identity. Each maps to AIP `-32010`; the
@@ -59,6 +59,9 @@ pub enum CredentialError {
     /// An AIC in the certificate has a wrong check code.
     #[error("certificate AIC has a wrong check code")]
     BadCheckCode,
+    /// A dotted AIC whose registrar has no configured salt, where verification is required.
+    #[error("certificate AIC's check code cannot be verified")]
+    UnverifiedCheckCode,
     /// The certificate's AICs (CN, SANs) disagree.
     #[error("certificate AICs disagree")]
     AicMismatch,
@@ -84,8 +87,18 @@ impl CredentialError {
             CredentialError::NoAic => "no_aic",
             CredentialError::MalformedAic => "malformed_aic",
             CredentialError::BadCheckCode => "bad_check_code",
+            CredentialError::UnverifiedCheckCode => "unverified_check_code",
             CredentialError::AicMismatch => "aic_mismatch",
             CredentialError::Blocked => "blocked",
+        }
+    }
+
+    /// The credential error for an AIC that failed its checks.
+    pub fn from_aic(e: AicError) -> Self {
+        match e {
+            AicError::CheckCode => CredentialError::BadCheckCode,
+            AicError::Unverified => CredentialError::UnverifiedCheckCode,
+            _ => CredentialError::MalformedAic,
         }
     }
 
@@ -130,6 +143,9 @@ impl CredentialError {
 pub struct PeerIdentity {
     /// The caller's AIC.
     pub aic: Aic,
+    /// How far its check code was verified (a dotted AIC without its registrar's salt is
+    /// accepted unverified under `dotted_check = "when-salted"`).
+    pub check: AicCheck,
     /// Lowercase hex SHA-256 of the end-entity certificate DER.
     pub cert_sha256: String,
 }
@@ -155,7 +171,7 @@ pub enum ConnAuth {
 pub fn authenticate(
     peer_certs: Option<&[CertificateDer<'_>]>,
     chain_verifier: Option<&dyn ClientCertVerifier>,
-    aic_suffix: &str,
+    rules: &AicRules,
     now: UnixTime,
 ) -> ConnAuth {
     let Some((end_entity, intermediates)) = peer_certs.and_then(|c| c.split_first()) else {
@@ -166,12 +182,32 @@ pub fn authenticate(
             return ConnAuth::Rejected(CredentialError::from_tls(&e));
         }
     }
-    match cert::aic_from_certificate(end_entity, aic_suffix) {
-        Ok(aic) => ConnAuth::Verified(Arc::new(PeerIdentity {
+    match rules.certificate_aic(end_entity) {
+        Ok((aic, check)) => ConnAuth::Verified(Arc::new(PeerIdentity {
             aic,
+            check,
             cert_sha256: sha256_hex(end_entity),
         })),
         Err(e) => ConnAuth::Rejected(e),
+    }
+}
+
+/// How a certificate's AIC is read and checked: the v1 name suffix and the dotted check
+/// codes' salts (one config load's settings).
+#[derive(Debug, Clone, Default)]
+pub struct AicRules {
+    /// DNS suffix of v1-profile names (`<AIC>.<suffix>`).
+    pub suffix: String,
+    /// Dotted check-code verification.
+    pub dotted: DottedCheck,
+}
+
+impl AicRules {
+    /// The AIC a certificate identifies and how far its check code was verified.
+    pub fn certificate_aic(&self, der: &[u8]) -> Result<(Aic, AicCheck), CredentialError> {
+        let aic = cert::aic_from_certificate(der, &self.suffix)?;
+        let check = self.dotted.judge(&aic).map_err(CredentialError::from_aic)?;
+        Ok((aic, check))
     }
 }
 

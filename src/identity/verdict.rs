@@ -27,8 +27,8 @@ pub struct Trust {
     pub generation: u64,
     /// The earliest `nextUpdate` of the CRLs when expired CRLs are refused (Unix seconds).
     pub crl_next_update: Option<u64>,
-    /// The AIC domain suffix.
-    pub aic_suffix: Arc<str>,
+    /// How certificate AICs are read and checked.
+    pub aic_rules: Arc<super::AicRules>,
 }
 
 struct Judged {
@@ -134,7 +134,7 @@ fn judge(
     let auth = authenticate(
         chain,
         verifier,
-        &trust.aic_suffix,
+        &trust.aic_rules,
         UnixTime::since_unix_epoch(std::time::Duration::from_secs(now)),
     );
     let recheck_at = match (&auth, chain) {

@@ -71,6 +71,12 @@ pub(super) struct RawEnvelope<'a> {
 pub(super) struct RawParams<'a> {
     #[serde(borrow, default)]
     pub(super) message: LooseObj<RawMessage<'a>>,
+    /// v02.01's TaskCommand (`rpc`, `notification/start`).
+    #[serde(borrow, default)]
+    pub(super) command: LooseObj<RawMessage<'a>>,
+    /// v02.01's direct-RPC invitation (`group`); the fast path leaves it to this pass.
+    #[serde(borrow, default)]
+    pub(super) group: LooseObj<RawGroup<'a>>,
     #[serde(borrow, default)]
     pub(super) task_id: LooseStr<'a>,
     #[serde(borrow, default)]
@@ -107,6 +113,18 @@ pub(super) struct RawCommandParams {
     pub(super) last_event_seq: LooseSeq,
 }
 
+#[derive(Deserialize)]
+pub(super) struct RawGroup<'a> {
+    #[serde(borrow, default)]
+    pub(super) leader: LooseObj<RawGroupLeader<'a>>,
+}
+
+#[derive(Deserialize)]
+pub(super) struct RawGroupLeader<'a> {
+    #[serde(borrow, default)]
+    pub(super) aic: LooseStr<'a>,
+}
+
 /// Only the id, for recovering it after a structural error such as a duplicate key.
 #[derive(Deserialize)]
 struct IdOnly<'a> {
@@ -132,11 +150,70 @@ pub struct Envelope<'a> {
     pub id: &'a RawValue,
     /// The method.
     pub method: Method,
-    /// `params.message`, for the methods that carry one.
+    /// `params.message` (v1, and `stream` in both generations) or `params.command` (v2),
+    /// for the methods that carry one: whichever the Partner will act on.
     pub message: Option<MessageFacts<'a>>,
-    /// The task the request concerns: `params.message.taskId` or `params.taskId`.
+    /// Which of the two carried it.
+    pub shape: Option<Shape>,
+    /// The task the request concerns: `params.message.taskId`, `params.command.taskId` or
+    /// `params.taskId`.
     pub task_id: Option<Cow<'a, str>>,
+    /// `group`: `params.group.leader.aic`, when present.
+    pub group_leader: Option<Cow<'a, str>>,
 }
+
+/// Where a request carries its message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// `params.message` (AIP v01.00; `stream` in both generations).
+    Message,
+    /// `params.command`, a TaskCommand (AIP v02.01 `rpc` and `notification/start`).
+    Command,
+}
+
+impl Shape {
+    /// The field that carries it.
+    pub fn field(self) -> &'static str {
+        match self {
+            Shape::Message => "params.message",
+            Shape::Command => "params.command",
+        }
+    }
+}
+
+/// The dotted names of a message's fields, for errors.
+struct Names {
+    obj: &'static str,
+    command: &'static str,
+    task_id: &'static str,
+    session_id: &'static str,
+    sender_id: &'static str,
+    sender_role: &'static str,
+    command_params: &'static str,
+    last_seq: &'static str,
+}
+
+const MESSAGE_NAMES: Names = Names {
+    obj: "params.message",
+    command: "params.message.command",
+    task_id: "params.message.taskId",
+    session_id: "params.message.sessionId",
+    sender_id: "params.message.senderId",
+    sender_role: "params.message.senderRole",
+    command_params: "params.message.commandParams",
+    last_seq: "params.message.commandParams.lastEventSeq",
+};
+
+const COMMAND_NAMES: Names = Names {
+    obj: "params.command",
+    command: "params.command.command",
+    task_id: "params.command.taskId",
+    session_id: "params.command.sessionId",
+    sender_id: "params.command.senderId",
+    sender_role: "params.command.senderRole",
+    command_params: "params.command.commandParams",
+    last_seq: "params.command.commandParams.lastEventSeq",
+};
 
 /// What the gateway reads from `params.message`.
 #[derive(Debug, Default)]
@@ -370,61 +447,89 @@ impl<'a> Parsed<'a> {
     }
 }
 
+/// Picks the field the Partner will act on: `stream` keeps `params.message` in both
+/// generations; `rpc` and `notification/start` take exactly one of `params.message` (v1)
+/// and `params.command` (v2). A body with both is refused whatever the Partner speaks, so
+/// nothing the gateway did not check can reach a Partner.
 fn validate_message<'a>(
     method: Method,
     id: &'a RawValue,
     params: RawParams<'a>,
 ) -> Result<Envelope<'a>, EnvelopeError> {
-    let m = match params.message {
+    let present = |o: &LooseObj<RawMessage<'a>>| !matches!(o, LooseObj::Absent);
+    let (shape, names, m) =
+        match (method, present(&params.message), present(&params.command)) {
+            (Method::Stream, _, true) => {
+                return Err(bad_param(
+                    "params.command",
+                    "stream carries its command in params.message, in both AIP generations",
+                ))
+            }
+            (_, true, true) => return Err(bad_param(
+                "params.command",
+                "params carries both message (AIP v01.00) and command (v02.01); send exactly one",
+            )),
+            (_, false, true) => (Shape::Command, &COMMAND_NAMES, params.command),
+            (_, true, false) => (Shape::Message, &MESSAGE_NAMES, params.message),
+            (Method::Stream, false, false) => {
+                return Err(bad_param("params.message", "params.message is required"))
+            }
+            (_, false, false) => {
+                return Err(bad_param(
+                    "params.message",
+                    "params.message (AIP v01.00) or params.command (v02.01) is required",
+                ))
+            }
+        };
+    let m = match m {
         LooseObj::Obj(m) => m,
         LooseObj::Other(kind) => {
             return Err(bad_param(
-                "params.message",
-                format!("params.message must be an object, not {}", kind.name()),
+                names.obj,
+                format!("{} must be an object, not {}", names.obj, kind.name()),
             ))
         }
-        LooseObj::Absent => return Err(bad_param("params.message", "params.message is required")),
+        LooseObj::Absent => return Err(bad_param(names.obj, format!("{} is required", names.obj))),
     };
-    const COMMAND: &str = "params.message.command";
-    let command = match opt_string(m.command, COMMAND)? {
+    let command = match opt_string(m.command, names.command)? {
         None => None,
         Some(c) => Some(
             Command::from_name(&c)
-                .ok_or_else(|| bad_param(COMMAND, format!("unknown command {c:?}")))?,
+                .ok_or_else(|| bad_param(names.command, format!("unknown command {c:?}")))?,
         ),
     };
     match (method, command) {
         (Method::Stream, Some(Command::Start | Command::ReStream)) => {}
         (Method::Stream, _) => {
             return Err(bad_param(
-                COMMAND,
+                names.command,
                 "stream takes only the commands start and re-stream",
             ))
         }
         (Method::NotificationStart, Some(Command::Start)) => {}
         (Method::NotificationStart, _) => {
             return Err(bad_param(
-                COMMAND,
+                names.command,
                 "notification/start takes only the command start",
             ))
         }
         _ => {}
     }
-    let task_id = opt_string(m.task_id, "params.message.taskId")?;
+    let task_id = opt_string(m.task_id, names.task_id)?;
     if command == Some(Command::ReStream) && task_id.is_none() {
         return Err(bad_param(
-            "params.message.taskId",
-            "re-stream needs params.message.taskId",
+            names.task_id,
+            format!("re-stream needs {}", names.task_id),
         ));
     }
-    const LAST_SEQ: &str = "params.message.commandParams.lastEventSeq";
     let last_event_seq = match m.command_params {
         LooseObj::Absent => None,
         LooseObj::Other(kind) => {
             return Err(bad_param(
-                "params.message.commandParams",
+                names.command_params,
                 format!(
-                    "params.message.commandParams must be an object, not {}",
+                    "{} must be an object, not {}",
+                    names.command_params,
                     kind.name()
                 ),
             ))
@@ -434,9 +539,10 @@ fn validate_message<'a>(
             LooseSeq::Num(n) => Some(n),
             LooseSeq::Other(kind) => {
                 return Err(bad_param(
-                    LAST_SEQ,
+                    names.last_seq,
                     format!(
-                        "{LAST_SEQ} must be a non-negative integer, not {}",
+                        "{} must be a non-negative integer, not {}",
+                        names.last_seq,
                         kind.name()
                     ),
                 ))
@@ -447,12 +553,14 @@ fn validate_message<'a>(
         id,
         method,
         task_id,
+        shape: Some(shape),
+        group_leader: None,
         message: Some(MessageFacts {
             last_event_seq,
             command,
-            session_id: opt_string(m.session_id, "params.message.sessionId")?,
-            sender_id: opt_string(m.sender_id, "params.message.senderId")?,
-            sender_role: opt_string(m.sender_role, "params.message.senderRole")?,
+            session_id: opt_string(m.session_id, names.session_id)?,
+            sender_id: opt_string(m.sender_id, names.sender_id)?,
+            sender_role: opt_string(m.sender_role, names.sender_role)?,
         }),
     })
 }
@@ -475,10 +583,32 @@ fn validate_other<'a>(
         }
         _ => opt_string(params.task_id, "params.taskId")?,
     };
+    const LEADER: &str = "params.group.leader.aic";
+    let group_leader = match (method, params.group) {
+        (Method::Group, LooseObj::Obj(g)) => match g.leader {
+            LooseObj::Obj(l) => opt_string(l.aic, LEADER)?,
+            LooseObj::Absent => None,
+            LooseObj::Other(kind) => {
+                return Err(bad_param(
+                    "params.group.leader",
+                    format!("params.group.leader must be an object, not {}", kind.name()),
+                ))
+            }
+        },
+        (Method::Group, LooseObj::Other(kind)) => {
+            return Err(bad_param(
+                "params.group",
+                format!("params.group must be an object, not {}", kind.name()),
+            ))
+        }
+        _ => None,
+    };
     Ok(Envelope {
         id,
         method,
         task_id,
+        shape: None,
+        group_leader,
         message: None,
     })
 }

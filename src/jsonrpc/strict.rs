@@ -42,9 +42,11 @@ const PARAMS_FIELDS: [&str; 5] = ["taskId", "url", "token", "id", "notificationC
 /// `commandParams` (present) with its `lastEventSeq` (`null` = absent).
 struct FastMessage<'a>([Option<&'a str>; 5], Option<Option<u64>>);
 
-/// `params`: `message`, and the string fields in [`PARAMS_FIELDS`] order.
+/// `params`: `message` (v1) or `command` (v2), and the string fields in
+/// [`PARAMS_FIELDS`] order.
 struct FastParams<'a> {
     message: Option<FastMessage<'a>>,
+    command: Option<FastMessage<'a>>,
     fields: [Option<&'a str>; 5],
     command_params: Option<Option<u64>>,
 }
@@ -98,16 +100,25 @@ impl<'de, const WITH_MESSAGE: bool> Visitor<'de> for FieldsVisitor<WITH_MESSAGE>
         };
         let mut out = FastParams {
             message: None,
+            command: None,
             fields: [None; 5],
             command_params: None,
         };
         while let Some(key) = map.next_key::<&'de str>()? {
-            if WITH_MESSAGE && key == "message" {
-                if out.message.is_some() {
-                    return Err(A::Error::custom("duplicate field `message`"));
+            if WITH_MESSAGE && (key == "message" || key == "command") {
+                let slot = match key {
+                    "message" => &mut out.message,
+                    _ => &mut out.command,
+                };
+                if slot.is_some() {
+                    return Err(A::Error::custom(format_args!("duplicate field `{key}`")));
                 }
-                out.message = Some(map.next_value::<FastMessage<'de>>()?);
+                *slot = Some(map.next_value::<FastMessage<'de>>()?);
                 continue;
+            }
+            if WITH_MESSAGE && key == "group" {
+                // A rare method with nested fields: the lenient pass reads it.
+                return Err(A::Error::custom("`group` is read by the lenient pass"));
             }
             if !WITH_MESSAGE && key == "commandParams" {
                 if out.command_params.is_some() {
@@ -147,6 +158,28 @@ fn s(v: Option<&str>) -> LooseStr<'_> {
     v.map_or(LooseStr::Absent, |s| LooseStr::Str(Cow::Borrowed(s)))
 }
 
+fn message(m: Option<FastMessage<'_>>) -> LooseObj<RawMessage<'_>> {
+    match m {
+        None => LooseObj::Absent,
+        Some(FastMessage(m, cp)) => {
+            let [command, task_id, session_id, sender_id, sender_role] = m.map(s);
+            LooseObj::Obj(RawMessage {
+                command,
+                task_id,
+                session_id,
+                sender_id,
+                sender_role,
+                command_params: match cp {
+                    None => LooseObj::Absent,
+                    Some(seq) => LooseObj::Obj(RawCommandParams {
+                        last_event_seq: seq.map_or(LooseSeq::Absent, LooseSeq::Num),
+                    }),
+                },
+            })
+        }
+    }
+}
+
 impl<'a> From<FastEnvelope<'a>> for RawEnvelope<'a> {
     fn from(f: FastEnvelope<'a>) -> Self {
         let [task_id, url, token, id, notification_config_id] = f.params.fields.map(s);
@@ -155,25 +188,9 @@ impl<'a> From<FastEnvelope<'a>> for RawEnvelope<'a> {
             method: LooseStr::Str(Cow::Borrowed(f.method)),
             id: f.id,
             params: LooseObj::Obj(RawParams {
-                message: match f.params.message {
-                    None => LooseObj::Absent,
-                    Some(FastMessage(m, cp)) => {
-                        let [command, task_id, session_id, sender_id, sender_role] = m.map(s);
-                        LooseObj::Obj(RawMessage {
-                            command,
-                            task_id,
-                            session_id,
-                            sender_id,
-                            sender_role,
-                            command_params: match cp {
-                                None => LooseObj::Absent,
-                                Some(seq) => LooseObj::Obj(RawCommandParams {
-                                    last_event_seq: seq.map_or(LooseSeq::Absent, LooseSeq::Num),
-                                }),
-                            },
-                        })
-                    }
-                },
+                message: message(f.params.message),
+                command: message(f.params.command),
+                group: LooseObj::Absent,
                 task_id,
                 url,
                 token,

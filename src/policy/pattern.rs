@@ -1,11 +1,14 @@
 //! AIC patterns: an exact AIC, a prefix along the AIC's fields (`10001*` = every agent of
 //! identity provider `0001`; `1000100001*` = every agent registered by entity `00001` of
-//! that provider), or `*`.
+//! that provider), or `*`. Dotted AICs match by whole levels: `1.2.156.3088.1.1*` = every
+//! agent of registrar `1`, `1.2.156.3088.1.1.34C2*` = every agent of its vendor `34C2`
+//! (any case; `...34C2.*` is the same pattern).
 
 use std::fmt;
 use std::str::FromStr;
 
-use crate::identity::Aic;
+use crate::identity::aic::DOTTED_PREFIX;
+use crate::identity::{Aic, AicForm};
 
 /// Where the AIC's fields end (version; provider; entity; year; agent serial; instance).
 pub const FIELD_ENDS: [usize; 6] = [1, 5, 10, 13, 22, 30];
@@ -19,11 +22,13 @@ pub enum AicPattern {
     Exact(Aic),
     /// Every AIC that starts with these field-aligned characters.
     Prefix(String),
+    /// Every dotted AIC whose first levels are these (uppercase, no trailing dot).
+    Levels(String),
 }
 
 /// Why a pattern is invalid.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0:?} is not an AIC pattern: use a full AIC, a prefix ending at a field boundary (1, 5, 10, 13, 22 or 30 characters) followed by *, or *")]
+#[error("{0:?} is not an AIC pattern: use a full AIC, a prefix ending at a field boundary (1, 5, 10, 13, 22 or 30 characters) followed by *, whole dotted levels from 1.2.156.3088 followed by *, or *")]
 pub struct PatternError(pub String);
 
 impl FromStr for AicPattern {
@@ -33,6 +38,9 @@ impl FromStr for AicPattern {
             return Ok(AicPattern::Any);
         }
         match s.strip_suffix('*') {
+            Some(p) if p.starts_with(DOTTED_PREFIX) => dotted_levels(p)
+                .map(AicPattern::Levels)
+                .ok_or_else(|| PatternError(s.to_owned())),
             Some(p)
                 if FIELD_ENDS.contains(&p.len())
                     && p.bytes()
@@ -48,13 +56,36 @@ impl FromStr for AicPattern {
     }
 }
 
+/// A dotted level prefix (`1.2.156.3088` and up to five more whole levels, an optional
+/// trailing dot), uppercased; `None` if it is not one.
+fn dotted_levels(p: &str) -> Option<String> {
+    let p = p.strip_suffix('.').unwrap_or(p).to_ascii_uppercase();
+    let levels: Vec<&str> = p.split('.').collect();
+    let well_formed = p.starts_with(DOTTED_PREFIX)
+        && (4..=9).contains(&levels.len())
+        && levels[..4] == ["1", "2", "156", "3088"]
+        && levels[4..].iter().all(|l| {
+            !l.is_empty()
+                && l.len() <= 9
+                && l.bytes()
+                    .all(|b| b.is_ascii_digit() || b.is_ascii_uppercase())
+        });
+    well_formed.then_some(p)
+}
+
 impl AicPattern {
     /// Whether `aic` matches.
     pub fn matches(&self, aic: &Aic) -> bool {
         match self {
             AicPattern::Any => true,
             AicPattern::Exact(a) => a == aic,
-            AicPattern::Prefix(p) => aic.as_str().as_bytes().starts_with(p.as_bytes()),
+            AicPattern::Prefix(p) => {
+                aic.form() == AicForm::V1 && aic.as_str().as_bytes().starts_with(p.as_bytes())
+            }
+            AicPattern::Levels(p) => aic
+                .as_str()
+                .strip_prefix(p.as_str())
+                .is_some_and(|rest| rest.starts_with('.')),
         }
     }
 }
@@ -64,7 +95,7 @@ impl fmt::Display for AicPattern {
         match self {
             AicPattern::Any => f.write_str("*"),
             AicPattern::Exact(a) => write!(f, "{a}"),
-            AicPattern::Prefix(p) => write!(f, "{p}*"),
+            AicPattern::Prefix(p) | AicPattern::Levels(p) => write!(f, "{p}*"),
         }
     }
 }
@@ -103,6 +134,36 @@ mod tests {
             "**",
             "",
             "10001000011K912345E789ABCDEF2354",
+        ] {
+            assert!(bad.parse::<AicPattern>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn dotted_patterns_match_whole_levels() {
+        let a = aic("1.2.156.3088.1.1.34C2.478BDF.3GF546.0JU4");
+        for (p, yes) in [
+            ("*", true),
+            ("1.2.156.3088.1.1.34c2.478bdf.3gf546.0ju4", true),
+            ("1.2.156.3088*", true),
+            ("1.2.156.3088.1.1*", true),
+            ("1.2.156.3088.1.1.*", true),
+            ("1.2.156.3088.1.1.34C2*", true),
+            ("1.2.156.3088.1.1.34c2*", true),
+            ("1.2.156.3088.1.1.34C*", false),
+            ("1.2.156.3088.1.12*", false),
+            ("1.2.156.3088.1.2*", false),
+            ("1*", false),
+        ] {
+            let pat: AicPattern = p.parse().unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(pat.matches(&a), yes, "{p}");
+        }
+        let v1 = aic("10001000011K912345E789ABCDEF2353");
+        assert!(!"1.2.156.3088*".parse::<AicPattern>().unwrap().matches(&v1));
+        for bad in [
+            "1.2.156.3088.1.1.34C2.478BDF.3GF546.0JU4.X*",
+            "1.2.156.3088..1*",
+            "1.2.156.3088.1.-*",
         ] {
             assert!(bad.parse::<AicPattern>().is_err(), "{bad}");
         }

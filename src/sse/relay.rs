@@ -20,6 +20,7 @@ use tokio::time::Instant;
 use super::event::inspect;
 use super::replay::{Cursor, Entry, StreamEnd, StreamRecord, NO_SEQ};
 use super::splitter::{RawEvent, Splitter};
+use crate::config::raw::OnUpstreamFailure;
 use crate::error::codes;
 use crate::jsonrpc::reply::{error_body, ErrorData, RpcId};
 use crate::outcome::{Ending, StreamTally};
@@ -36,6 +37,8 @@ pub struct StreamSettings {
     pub detach_timeout: Duration,
     /// Largest event accepted from a Partner.
     pub max_event_bytes: usize,
+    /// What a Leader gets when the Partner's stream fails before a terminal state.
+    pub on_upstream_failure: crate::config::raw::OnUpstreamFailure,
 }
 
 /// Reads the Partner's SSE body into `record` until the stream ends, fails, idles out,
@@ -141,6 +144,8 @@ struct Follower {
     keepalive: Duration,
     last_sent: Option<u64>,
     done: bool,
+    /// Whether a Partner stream's failure gets a final error event or a plain end.
+    on_failure: OnUpstreamFailure,
     /// The Partner's events sent to this Leader and how the stream ended (for the access
     /// log).
     tally: Arc<StreamTally>,
@@ -149,8 +154,9 @@ struct Follower {
 
 /// A response body following `record` from `cursor`. Every event gets an `id: <eventSeq>`
 /// line, and its JSON-RPC id is replaced by `id` when they differ (spliced into the
-/// event's own bytes, never re-serialized). An abnormal end or an eviction gap becomes a
-/// final JSON-RPC error event, and so does `closing` turning true (a shutdown whose drain
+/// event's own bytes, never re-serialized). An abnormal end (unless `on_failure` is
+/// `close`: then the stream just ends) or an eviction gap becomes a final JSON-RPC error
+/// event, and so does `closing` turning true (a shutdown whose drain
 /// time is over). `tally` counts the Partner's events sent (not the gateway's own error
 /// event, nor keep-alive comments) and records how the stream ended for this Leader.
 pub fn follow(
@@ -160,6 +166,7 @@ pub fn follow(
     keepalive: Duration,
     closing: tokio::sync::watch::Receiver<bool>,
     tally: Arc<StreamTally>,
+    on_failure: OnUpstreamFailure,
 ) -> ResponseBody {
     let state = Follower {
         closing: Some(closing),
@@ -174,6 +181,7 @@ pub fn follow(
         last_sent: None,
         done: false,
         tally,
+        on_failure,
     };
     let frames = futures_util::stream::unfold(state, |mut st| async move {
         loop {
@@ -198,7 +206,18 @@ pub fn follow(
                             st.tally.end(Ending::completed());
                             st.done = true;
                         }
-                        Some(StreamEnd::Failed { reason }) => st.fail(reason, None),
+                        Some(StreamEnd::Failed { reason }) => {
+                            if st.on_failure == OnUpstreamFailure::Close {
+                                // The end is recorded (log, metrics, re-stream), not sent.
+                                st.tally.end(Ending {
+                                    reason,
+                                    count_upstream: false,
+                                });
+                                st.done = true;
+                            } else {
+                                st.fail(reason, None);
+                            }
+                        }
                         None => {}
                     }
                 }
@@ -314,6 +333,7 @@ mod tests {
             idle_timeout: Duration::from_secs(300),
             detach_timeout: Duration::from_secs(60),
             max_event_bytes: 1024,
+            on_upstream_failure: OnUpstreamFailure::ErrorEvent,
         }
     }
 
@@ -379,6 +399,7 @@ mod tests {
             Duration::from_secs(15),
             never_closing(),
             Arc::default(),
+            OnUpstreamFailure::ErrorEvent,
         );
         let t0 = Instant::now();
         assert_eq!(next_text(&mut body).await, ": keep-alive\n\n");
@@ -475,6 +496,7 @@ mod tests {
             Duration::from_secs(15),
             never_closing(),
             Arc::default(),
+            OnUpstreamFailure::ErrorEvent,
         );
         let big: &'static [u8] = Box::leak(vec![b'x'; 2000].into_boxed_slice());
         record_upstream(

@@ -39,11 +39,16 @@ pub fn partner_client_config(
             .add(cert)
             .with_context(|| format!("{}: not a usable CA certificate", tls.ca.display()))?;
     }
-    let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
+    let roots = Arc::new(roots);
+    let inner = WebPkiServerVerifier::builder_with_provider(roots.clone(), provider())
         .build()
         .context("tls.ca")?;
+    // Reference Partner certificates name only their AIC: with a pinned AIC and no
+    // `server_name`, the AIC claim is the name that is verified, not the URL's host.
+    let by_aic = expected_aic.is_some() && tls.server_name.is_none();
     let verifier = Arc::new(PartnerVerifier {
         inner,
+        roots: by_aic.then_some(roots),
         expected_aic,
         aic_suffix: aic_suffix.to_owned(),
     });
@@ -66,6 +71,8 @@ pub fn partner_client_config(
 #[derive(Debug)]
 struct PartnerVerifier {
     inner: Arc<WebPkiServerVerifier>,
+    /// `Some` when the chain is verified without the host name (the AIC pin names it).
+    roots: Option<Arc<RootCertStore>>,
     expected_aic: Option<Aic>,
     aic_suffix: String,
 }
@@ -79,13 +86,26 @@ impl ServerCertVerifier for PartnerVerifier {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, TlsError> {
-        let ok = self.inner.verify_server_cert(
-            end_entity,
-            intermediates,
-            server_name,
-            ocsp_response,
-            now,
-        )?;
+        let ok = match &self.roots {
+            Some(roots) => {
+                let cert = rustls::server::ParsedCertificate::try_from(end_entity)?;
+                rustls::client::verify_server_cert_signed_by_trust_anchor(
+                    &cert,
+                    roots,
+                    intermediates,
+                    now,
+                    provider().signature_verification_algorithms.all,
+                )?;
+                ServerCertVerified::assertion()
+            }
+            None => self.inner.verify_server_cert(
+                end_entity,
+                intermediates,
+                server_name,
+                ocsp_response,
+                now,
+            )?,
+        };
         if let Some(expected) = self.expected_aic {
             match aic_from_certificate(end_entity, &self.aic_suffix) {
                 Ok(aic) if aic == expected => {}

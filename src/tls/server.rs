@@ -26,7 +26,7 @@ use rustls::{
 
 use super::pem;
 use crate::config::{ClientAuthMode, ListenerConfig};
-use crate::identity::cert::aic_from_certificate;
+use crate::identity::AicRules;
 use crate::identity::Trust;
 
 /// What the accept loop needs: the rustls config, and the trust settings every
@@ -104,18 +104,19 @@ fn crl_next_update(l: &ListenerConfig) -> anyhow::Result<Option<u64>> {
 }
 
 /// Builds the listener's TLS settings.
-pub fn build(l: &ListenerConfig, aic_suffix: &str) -> anyhow::Result<ServerTls> {
+pub fn build(l: &ListenerConfig, rules: AicRules) -> anyhow::Result<ServerTls> {
     let chain = client_chain_verifier(l)?;
     let strict = l.client_auth == ClientAuthMode::Strict;
+    let rules = Arc::new(rules);
     let verifier = Arc::new(GatewayClientVerifier {
         inner: chain.clone(),
-        strict_aic_suffix: strict.then(|| aic_suffix.to_owned()),
+        strict_rules: strict.then(|| rules.clone()),
     });
     let trust = Trust {
         verifier: chain,
         generation: GENERATION.fetch_add(1, Ordering::Relaxed),
         crl_next_update: crl_next_update(l)?,
-        aic_suffix: aic_suffix.into(),
+        aic_rules: rules,
     };
     let certs = pem::load_certs(&l.cert).context("listener.cert")?;
     let key = pem::load_key(&l.key).context("listener.key")?;
@@ -137,10 +138,10 @@ pub fn build(l: &ListenerConfig, aic_suffix: &str) -> anyhow::Result<ServerTls> 
 #[derive(Debug)]
 pub struct GatewayClientVerifier {
     inner: Arc<dyn ClientCertVerifier>,
-    /// `Some(suffix)` in strict mode: chain and AIC are checked during the handshake.
+    /// `Some(rules)` in strict mode: chain and AIC are checked during the handshake.
     /// `None` in jsonrpc mode: any chain is accepted here and verified right after the
     /// handshake by `identity::authenticate`, with `inner`.
-    strict_aic_suffix: Option<String>,
+    strict_rules: Option<Arc<AicRules>>,
 }
 
 impl ClientCertVerifier for GatewayClientVerifier {
@@ -148,7 +149,7 @@ impl ClientCertVerifier for GatewayClientVerifier {
         true
     }
     fn client_auth_mandatory(&self) -> bool {
-        self.strict_aic_suffix.is_some()
+        self.strict_rules.is_some()
     }
     fn root_hint_subjects(&self) -> &[DistinguishedName] {
         self.inner.root_hint_subjects()
@@ -159,13 +160,13 @@ impl ClientCertVerifier for GatewayClientVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, TlsError> {
-        let Some(suffix) = &self.strict_aic_suffix else {
+        let Some(rules) = &self.strict_rules else {
             return Ok(ClientCertVerified::assertion()); // deferred, see above
         };
         let ok = self
             .inner
             .verify_client_cert(end_entity, intermediates, now)?;
-        aic_from_certificate(end_entity, suffix).map_err(|_| {
+        rules.certificate_aic(end_entity).map_err(|_| {
             TlsError::InvalidCertificate(CertificateError::ApplicationVerificationFailure)
         })?;
         Ok(ok)
