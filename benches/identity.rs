@@ -29,6 +29,9 @@ fn bench(c: &mut Criterion) {
     g.bench_function("aic_parse", |b| {
         b.iter(|| Aic::parse(black_box(AIC)).unwrap())
     });
+    g.bench_function("parse_dotted_aic", |b| {
+        b.iter(|| Aic::parse(black_box("1.2.156.3088.1.1.34c2.478bdf.3gf546.0ju4")).unwrap())
+    });
     g.bench_function("aic_from_cert_v1", |b| {
         b.iter(|| aic_from_certificate(black_box(&v1.cert_der), "acps.pub").unwrap())
     });
@@ -36,12 +39,16 @@ fn bench(c: &mut Criterion) {
         b.iter(|| aic_from_certificate(black_box(&v2.cert_der), "acps.pub").unwrap())
     });
     let chain = [v2.cert_der.clone()];
+    let rules = identity::AicRules {
+        suffix: "acps.pub".into(),
+        dotted: Default::default(),
+    };
     g.bench_function("authenticate_with_chain_check", |b| {
         b.iter(|| {
             identity::authenticate(
                 Some(black_box(&chain)),
                 Some(verifier.as_ref()),
-                "acps.pub",
+                &rules,
                 UnixTime::now(),
             )
         })

@@ -1,5 +1,6 @@
-//! AIC parsing: never panics; whatever it accepts is 32 characters of 0-9A-Z whose check
-//! code is the one recomputed from the first 30, and it prints back as given.
+//! AIC parsing: never panics; a v1 AIC it accepts is 32 characters of 0-9A-Z whose check
+//! code is the one recomputed from the first 30, and prints back as given; a dotted one
+//! prints back as given, uppercased, and parses again to itself.
 #![no_main]
 use aipgw::identity::aic::{check_code, Aic};
 
@@ -8,6 +9,12 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         return;
     };
     if let Ok(aic) = Aic::parse(text) {
+        if text.contains('.') {
+            assert_eq!(aic.as_str(), text.to_ascii_uppercase());
+            assert_eq!(Aic::parse(aic.as_str()), Ok(aic));
+            assert_eq!(aic.levels().count(), 10);
+            return;
+        }
         assert_eq!(aic.as_str(), text);
         assert!(text.bytes().all(|b| b.is_ascii_digit() || b.is_ascii_uppercase()));
         let code = check_code(&text.as_bytes()[..30]).unwrap();

@@ -25,7 +25,10 @@ impl PerRequest {
             verifier,
             generation: 1,
             crl_next_update: None,
-            aic_suffix: "acps.pub".into(),
+            aic_rules: std::sync::Arc::new(aipgw::identity::AicRules {
+                suffix: "acps.pub".into(),
+                dotted: Default::default(),
+            }),
         };
         let leader = ca
             .issue(&CertSpec::leader_v2("10001000011K912345E789ABCDEF2353"))
