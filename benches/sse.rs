@@ -102,6 +102,7 @@ fn relay(c: &mut Criterion) {
         idle_timeout: Duration::from_secs(60),
         detach_timeout: Duration::from_secs(60),
         max_event_bytes: 1 << 24,
+        on_upstream_failure: Default::default(),
     };
     let closing = tokio::sync::watch::channel(false).0;
     let mut g = c.benchmark_group("relay");
@@ -122,6 +123,7 @@ fn relay(c: &mut Criterion) {
                 RpcId::null(),
                 Duration::from_secs(15),
                 closing.subscribe(),
+                Default::default(),
                 Default::default(),
             );
             let frames = futures_util::stream::iter(
@@ -162,6 +164,7 @@ fn relay(c: &mut Criterion) {
                 id.clone(),
                 Duration::from_secs(15),
                 closing.subscribe(),
+                Default::default(),
                 Default::default(),
             );
             rt.block_on(async { black_box(body.collect().await.unwrap().to_bytes().len()) })
