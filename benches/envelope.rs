@@ -4,10 +4,13 @@
 //! - `plain_borrowed`: a borrowed struct `{jsonrpc: &str, method: &str, id: &RawValue,
 //!   params: &RawValue}`, the baseline the issue names;
 //! - `plain_borrowed_nested`: strict borrowed structs reading the same fields the gateway
-//!   reads (`params.message` command, taskId, sessionId, senderId, senderRole);
+//!   reads (`params.message` or `params.command`: command, taskId, sessionId, senderId,
+//!   senderRole);
 //! - `aipgw_parse_only`: `jsonrpc::parse` alone (fast path, no semantic checks);
 //! - `aipgw_validate`: `jsonrpc::parse` + `Parsed::validate` (every envelope check);
 //! - `value_tree`: `serde_json::Value`, for reference.
+//!
+//! Sizes ending in `_v2` are the same request in AIP v02.01's shape (`params.command`).
 #![allow(missing_docs)]
 
 use std::hint::black_box;
@@ -47,6 +50,8 @@ struct NestedEnv<'a> {
 struct NestedParams<'a> {
     #[serde(borrow)]
     message: Option<NestedMsg<'a>>,
+    #[serde(borrow)]
+    command: Option<NestedMsg<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -73,10 +78,27 @@ fn message(size: usize) -> Vec<u8> {
     format!("{head}{text}{tail}").into_bytes()
 }
 
+/// The same request in AIP v02.01's shape: the TaskCommand in `params.command`.
+fn command_v2(size: usize) -> Vec<u8> {
+    let v1 = String::from_utf8(message(size)).unwrap_or_default();
+    v1.replacen(
+        "\"message\":{\"type\":\"message\"",
+        "\"command\":{\"type\":\"task-command\"",
+        1,
+    )
+    .into_bytes()
+}
+
 fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("envelope");
-    for (name, size) in [("400B", 400), ("1.5KB", 1536), ("64KB", 65536)] {
-        let body = message(size);
+    for (name, size, make) in [
+        ("400B", 400, message as fn(usize) -> Vec<u8>),
+        ("1.5KB", 1536, message),
+        ("64KB", 65536, message),
+        ("400B_v2", 400, command_v2),
+        ("1.5KB_v2", 1536, command_v2),
+    ] {
+        let body = make(size);
         assert!(jsonrpc::parse(&body).ok().unwrap().validate().is_ok());
         g.throughput(Throughput::Bytes(body.len() as u64));
         g.bench_with_input(BenchmarkId::new("ignored_any", name), &body, |b, body| {
@@ -103,7 +125,8 @@ fn bench(c: &mut Criterion) {
             |b, body| {
                 b.iter(|| {
                     let p: NestedEnv<'_> = serde_json::from_slice(black_box(body)).unwrap();
-                    black_box(p.params.message.map(|m| m.command))
+                    let m = p.params.message.or(p.params.command);
+                    black_box(m.map(|m| m.command))
                 })
             },
         );

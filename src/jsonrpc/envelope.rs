@@ -929,11 +929,78 @@ mod tests {
             r#"{"jsonrpc":"2.0","method":"notification/get","id":1,"params":{"taskId":null}}"#
                 .into(),
         );
+        // AIP v02.01: every v1 body above again with its message in `params.command`,
+        // and the shapes that mix or nest them.
+        let v2: Vec<String> = bodies
+            .iter()
+            .filter(|b| b.contains(r#""message":"#))
+            .map(|b| b.replacen(r#""message":"#, r#""command":"#, 1))
+            .collect();
+        bodies.extend(v2);
+        let cmd = r#""command":{"command":"cancel","taskId":"v","senderId":"A"}"#;
+        for params in [
+            format!("{msg},{cmd}"),
+            format!("{cmd},{msg}"),
+            format!("{cmd},{cmd}"),
+            format!(r#"{msg},"command":null"#),
+            format!(r#""command":[],{msg}"#),
+            r#""command":{"command":"start","command":"get"}"#.to_owned(),
+            r#""group":{"groupId":"g","leader":{"aic":"A"}}"#.to_owned(),
+            r#""group":{"leader":{"aic":7}}"#.to_owned(),
+            r#""group":{"leader":[]}"#.to_owned(),
+            r#""group":null"#.to_owned(),
+        ] {
+            for method in ["rpc", "notification/start", "stream", "group"] {
+                bodies.push(format!(
+                    r#"{{"jsonrpc":"2.0","method":"{method}","id":1,"params":{{{params}}}}}"#
+                ));
+            }
+        }
         for body in &bodies {
             let b = body.as_bytes();
             let (gateway, lenient) = verdicts(b);
             assert_eq!(gateway, lenient, "{body}");
         }
+    }
+
+    #[test]
+    fn v2_commands_are_read_and_checked() {
+        let e = ok(
+            r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":{"command":{"type":"task-command","command":"cancel","taskId":"t","senderId":"S","sessionId":"s"}}}"#,
+        );
+        assert_eq!(e.shape, Some(Shape::Command));
+        assert_eq!(e.task_id.as_deref(), Some("t"));
+        let m = e.message.unwrap();
+        assert_eq!(
+            (m.command, m.sender_id.as_deref()),
+            (Some(Command::Cancel), Some("S"))
+        );
+        let field = |body: &str| match parse(body.as_bytes()).ok().unwrap().validate() {
+            Err(EnvelopeError::InvalidParams { field, .. }) => field,
+            other => panic!("{body}: {other:?}"),
+        };
+        assert_eq!(
+            field(
+                r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":{"message":{},"command":{}}}"#
+            ),
+            "params.command"
+        );
+        assert_eq!(
+            field(
+                r#"{"jsonrpc":"2.0","method":"notification/start","id":1,"params":{"command":{"command":"get"}}}"#
+            ),
+            "params.command.command"
+        );
+        assert_eq!(
+            field(
+                r#"{"jsonrpc":"2.0","method":"stream","id":1,"params":{"command":{"command":"start"}}}"#
+            ),
+            "params.command"
+        );
+        let g = ok(
+            r#"{"jsonrpc":"2.0","method":"group","id":1,"params":{"group":{"leader":{"aic":"L"}}}}"#,
+        );
+        assert_eq!(g.group_leader.as_deref(), Some("L"));
     }
 
     #[test]

@@ -14,3 +14,4 @@ mod streams;
 mod support;
 mod timeouts;
 mod upstream;
+mod v2;

@@ -426,6 +426,27 @@ impl Leader {
         }
     }
 
+    /// A Leader presenting `leaf` followed by `intermediates` (the v2.1 CA's chain).
+    pub fn with_chain(pki: &Pki, leaf: &Issued, intermediates: &[&DevCa], h2: bool) -> Leader {
+        let mut chain = vec![leaf.cert_der.clone()];
+        chain.extend(intermediates.iter().map(|ca| ca.cert_der()));
+        let mut cfg = rustls::ClientConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_root_certificates(roots(&pki.ca))
+            .with_client_auth_cert(chain, leaf.key_der())
+            .unwrap();
+        cfg.alpn_protocols = if h2 {
+            vec![b"h2".to_vec()]
+        } else {
+            vec![b"http/1.1".to_vec()]
+        };
+        Leader {
+            tls: Arc::new(cfg),
+            h2,
+        }
+    }
+
     /// A TLS connection to the gateway.
     pub async fn connect(
         &self,
