@@ -84,6 +84,29 @@ fn inspect_cert_reports_and_judges() {
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("v2.1 profile"), "{out}");
 
+    // A dotted AIC through an intermediate (in the same file): with the config's salt
+    // the check code is verified; without a config it cannot be.
+    let (code, out) = aipgw(&[
+        "inspect-cert",
+        "certs/leader-dotted.pem",
+        "--config",
+        "config/aipgw.toml",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    for want in [
+        "1.2.156.3088.1.1.34C2.478BDF.3GF546.0JU4",
+        "AIC form:    v2",
+        "registrar:   1",
+        "check code:  verified",
+        "accepted by the configured CAs",
+        "ACCEPTED",
+    ] {
+        assert!(out.contains(want), "{want}: {out}");
+    }
+    let (code, out) = aipgw(&["inspect-cert", "certs/leader-dotted.pem"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("check code:  unverified"), "{out}");
+
     let dir = tempfile::tempdir().unwrap();
     let other = DevCa::new("another CA").unwrap();
     let bad = other

@@ -62,15 +62,47 @@ struct Task {
     products: Vec<Value>,
 }
 
+/// Which AIP generation a request spoke; the answer speaks the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gen {
+    /// v01.00: `params.message`, Task results, `status-update` events.
+    V1,
+    /// v02.01: `params.command` (a TaskCommand), TaskResult results, `task-status-update`.
+    V2,
+}
+
+impl Gen {
+    fn status_event(self) -> &'static str {
+        match self {
+            Gen::V1 => "status-update",
+            Gen::V2 => "task-status-update",
+        }
+    }
+}
+
 impl Task {
-    fn to_json(&self) -> Value {
-        json!({
-            "type": "task",
-            "id": self.id,
-            "status": {"state": self.state, "stateChangedAt": self.changed_at},
-            "products": self.products,
-            "sessionId": self.session_id,
-        })
+    fn to_json(&self, generation: Gen) -> Value {
+        let status = json!({"state": self.state, "stateChangedAt": self.changed_at});
+        match generation {
+            Gen::V1 => json!({
+                "type": "task",
+                "id": self.id,
+                "status": status,
+                "products": self.products,
+                "sessionId": self.session_id,
+            }),
+            Gen::V2 => json!({
+                "type": "task-result",
+                "id": format!("result-{}-{}", self.id, self.changed_at),
+                "sentAt": now(),
+                "taskId": self.id,
+                "status": status,
+                "products": self.products,
+                "senderRole": "partner",
+                "senderId": crate::devcerts::DEV_PARTNER_AIC,
+                "sessionId": self.session_id,
+            }),
+        }
     }
 
     fn set(&mut self, state: &'static str) {
@@ -136,16 +168,16 @@ impl DemoPartner {
         self.tasks.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Applies one `rpc` message to the task table.
-    fn rpc(&self, id: &Value, message: &Value, caller: &str) -> Value {
+    /// Applies one `rpc` message (v1) or TaskCommand (v2) to the task table.
+    fn rpc(&self, id: &Value, message: &Value, caller: &str, generation: Gen) -> Value {
         let Some(task_id) = message["taskId"].as_str() else {
-            return rpc_error(id, -32602, "params.message.taskId is required");
+            return rpc_error(id, -32602, "the command's taskId is required");
         };
         let mut tasks = self.tasks();
         let command = message["command"].as_str().unwrap_or("");
         if command == "start" {
             if let Some(t) = tasks.get(task_id) {
-                return rpc_result(id, t.to_json()); // start of a known task is ignored
+                return rpc_result(id, t.to_json(generation)); // start of a known task is ignored
             }
             if tasks.len() >= self.opts.max_tasks {
                 return rpc_error(id, -32603, "demo Partner task limit reached");
@@ -158,7 +190,7 @@ impl DemoPartner {
                 changed_at: now(),
                 products: vec![product(1, &text, caller)],
             };
-            let out = task.to_json();
+            let out = task.to_json(generation);
             tasks.insert(task_id.to_owned(), task);
             return rpc_result(id, out);
         }
@@ -187,7 +219,7 @@ impl DemoPartner {
         {
             let _ = w.send(task.state);
         }
-        rpc_result(id, task.to_json())
+        rpc_result(id, task.to_json(generation))
     }
 
     fn stream(
@@ -195,6 +227,7 @@ impl DemoPartner {
         id: Value,
         message: &Value,
         caller: &str,
+        generation: Gen,
     ) -> Response<ResponseBody> {
         let command = message["command"].as_str().unwrap_or("");
         if command != "start" {
@@ -213,7 +246,9 @@ impl DemoPartner {
         let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
         let me = self.clone();
         tokio::spawn(async move {
-            let _ = me.produce(tx, id, task_id, session_id, text, caller).await;
+            let _ = me
+                .produce(tx, id, task_id, session_id, text, caller, generation)
+                .await;
         });
         let frames = futures_util::stream::unfold(rx, |mut rx| async move {
             rx.recv()
@@ -235,6 +270,7 @@ impl DemoPartner {
 
     /// The events of one stream: `working`, the product chunks, `awaiting-completion`;
     /// then, once the Leader completes or cancels the task over `rpc`, that terminal state.
+    #[allow(clippy::too_many_arguments)]
     async fn produce(
         self: Arc<Self>,
         tx: tokio::sync::mpsc::Sender<Bytes>,
@@ -243,6 +279,7 @@ impl DemoPartner {
         session_id: String,
         text: String,
         caller: String,
+        generation: Gen,
     ) -> Result<(), tokio::sync::mpsc::error::SendError<Bytes>> {
         let chunks = self.opts.stream_chunks;
         let mut state_rx = {
@@ -259,7 +296,7 @@ impl DemoPartner {
             Bytes::from(format!("data: {event}\n\n"))
         };
         let status = |state: &str| {
-            json!({"type": "status-update", "taskId": task_id, "sessionId": session_id,
+            json!({"type": generation.status_event(), "taskId": task_id, "sessionId": session_id,
                    "status": {"state": state, "stateChangedAt": now()}})
         };
         tx.send(event(1, status("working"))).await?;
@@ -330,10 +367,24 @@ impl DemoPartner {
             return json_response(&rpc_error(&Value::Null, -32700, "Parse error"));
         };
         let id = v["id"].clone();
-        let message = &v["params"]["message"];
+        // v02.01 carries `rpc`'s TaskCommand in `params.command`, and `stream`'s in
+        // `params.message` with `type: "task-command"`.
+        let (message, generation) = match &v["params"]["command"] {
+            Value::Object(_) => (&v["params"]["command"], Gen::V2),
+            _ => {
+                let m = &v["params"]["message"];
+                let generation = match m["type"].as_str() {
+                    Some("task-command") => Gen::V2,
+                    _ => Gen::V1,
+                };
+                (m, generation)
+            }
+        };
         match path.as_str() {
-            "/rpc" | "/acps-aip-v1/rpc" => json_response(&self.rpc(&id, message, &caller)),
-            "/stream" => self.stream(id, message, &caller),
+            "/rpc" | "/acps-aip-v1/rpc" => {
+                json_response(&self.rpc(&id, message, &caller, generation))
+            }
+            "/stream" => self.stream(id, message, &caller, generation),
             p if p.starts_with("/notification/") => {
                 json_response(&rpc_error(&id, -32003, "Push notification not supported"))
             }
@@ -395,26 +446,41 @@ mod tests {
         let p = DemoPartner::new(DemoOptions::default());
         let id = json!(1);
         assert_eq!(
-            state(&p.rpc(&id, &msg("start", "t"), "A")),
+            state(&p.rpc(&id, &msg("start", "t"), "A", Gen::V1)),
             "awaiting-completion"
         );
         assert_eq!(
-            state(&p.rpc(&id, &msg("get", "t"), "A")),
+            state(&p.rpc(&id, &msg("get", "t"), "A", Gen::V1)),
             "awaiting-completion"
         );
-        let v = p.rpc(&id, &msg("continue", "t"), "A");
+        let v = p.rpc(&id, &msg("continue", "t"), "A", Gen::V1);
         assert_eq!(v["result"]["products"].as_array().unwrap().len(), 2);
-        assert_eq!(state(&p.rpc(&id, &msg("complete", "t"), "A")), "completed");
-        // Terminal: cancel and continue are ignored.
-        assert_eq!(state(&p.rpc(&id, &msg("cancel", "t"), "A")), "completed");
-        assert_eq!(state(&p.rpc(&id, &msg("continue", "t"), "A")), "completed");
         assert_eq!(
-            p.rpc(&id, &msg("get", "nope"), "A")["error"]["code"],
+            state(&p.rpc(&id, &msg("complete", "t"), "A", Gen::V1)),
+            "completed"
+        );
+        // Terminal: cancel and continue are ignored.
+        assert_eq!(
+            state(&p.rpc(&id, &msg("cancel", "t"), "A", Gen::V1)),
+            "completed"
+        );
+        assert_eq!(
+            state(&p.rpc(&id, &msg("continue", "t"), "A", Gen::V1)),
+            "completed"
+        );
+        assert_eq!(
+            p.rpc(&id, &msg("get", "nope"), "A", Gen::V1)["error"]["code"],
             -32001
         );
-        p.rpc(&id, &msg("start", "u"), "A");
-        assert_eq!(state(&p.rpc(&id, &msg("cancel", "u"), "A")), "canceled");
-        assert_eq!(state(&p.rpc(&id, &msg("complete", "u"), "A")), "canceled");
+        p.rpc(&id, &msg("start", "u"), "A", Gen::V1);
+        assert_eq!(
+            state(&p.rpc(&id, &msg("cancel", "u"), "A", Gen::V1)),
+            "canceled"
+        );
+        assert_eq!(
+            state(&p.rpc(&id, &msg("complete", "u"), "A", Gen::V1)),
+            "canceled"
+        );
     }
 
     #[test]
@@ -423,10 +489,22 @@ mod tests {
             max_tasks: 1,
             ..DemoOptions::default()
         });
-        p.rpc(&json!(1), &msg("start", "a"), "A");
+        p.rpc(&json!(1), &msg("start", "a"), "A", Gen::V1);
         assert_eq!(
-            p.rpc(&json!(1), &msg("start", "b"), "A")["error"]["code"],
+            p.rpc(&json!(1), &msg("start", "b"), "A", Gen::V1)["error"]["code"],
             -32603
         );
+    }
+
+    #[test]
+    fn v2_commands_get_task_results() {
+        let p = DemoPartner::new(DemoOptions::default());
+        let v = p.rpc(&json!("x"), &msg("start", "t2"), "A", Gen::V2);
+        let r = &v["result"];
+        assert_eq!(r["type"], "task-result");
+        assert_eq!(r["taskId"], "t2");
+        assert_eq!(r["senderRole"], "partner");
+        assert_eq!(state(&v), "awaiting-completion");
+        assert_eq!(Gen::V2.status_event(), "task-status-update");
     }
 }

@@ -131,4 +131,59 @@ async fn demo_config_and_dev_certificates_work_end_to_end() {
         );
         assert!(within(10, s.next_event()).await.is_none());
     }
+
+    // A v2.1-profile Leader with a dotted AIC (leaf + intermediate) speaks AIP v02.01:
+    // its TaskCommand in `params.command`, TaskResults and `task-status-update` events back.
+    let dotted = dev_leader("leader-dotted", false);
+    let aic = aipgw::devcerts::DEV_LEADER_DOTTED_AIC;
+    let command = |id: &str, command: &str, task: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","method":"rpc","id":"{id}","params":{{"command":{{"type":"task-command","id":"c-{id}","sentAt":"2026-01-01T00:00:00Z","senderRole":"leader","senderId":"{aic}","command":"{command}","taskId":"{task}","sessionId":"s2","dataItems":[{{"type":"text","text":"hello v2"}}]}}}}}}"#
+        )
+    };
+    let r = dotted
+        .post(
+            addr,
+            "/partners/demo/rpc",
+            &command("v2-1", "start", "task-3"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["result"]["type"], "task-result", "{v}");
+    assert_eq!(v["result"]["taskId"], "task-3");
+    assert!(v["result"]["products"][0]["dataItems"][0]["text"]
+        .as_str()
+        .unwrap()
+        .contains(aic));
+    let body = command("v2-s", "start", "task-4")
+        .replace("\"method\":\"rpc\"", "\"method\":\"stream\"")
+        .replace("\"params\":{\"command\":", "\"params\":{\"message\":");
+    let mut stream = dotted
+        .open_stream(addr, "/partners/demo/stream", &body, &[])
+        .await;
+    let first = within(10, stream.next_event()).await.unwrap();
+    assert_eq!(
+        first.json["result"]["eventData"]["type"],
+        "task-status-update"
+    );
+    let r = dotted
+        .post(
+            addr,
+            "/partners/demo/rpc",
+            &command("v2-c", "complete", "task-4"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.json()["result"]["status"]["state"], "completed");
+    let mut last = None;
+    while let Some(ev) = within(10, stream.next_event()).await {
+        last = Some(ev);
+    }
+    let last = last.unwrap();
+    assert_eq!(
+        last.json["result"]["eventData"]["status"]["state"],
+        "completed"
+    );
 }

@@ -266,7 +266,10 @@ async fn dotted_aics_are_checked_as_far_as_the_salts_allow() {
         1.0,
     )
     .await;
-    assert!(!format!("{m:?}").contains("1234"), "no salt in the metrics");
+    assert!(
+        !m.keys().any(|k| k.contains("salt")),
+        "no salt in the metrics"
+    );
     metric(
         &salted,
         r#"aipgw_identities_total{form="v2",check="verified"}"#,
