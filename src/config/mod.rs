@@ -281,7 +281,7 @@ impl Config {
             error_status: l.error_status,
         };
         let mut salts = std::collections::HashMap::new();
-        for (registrar, hex) in &raw.identity.registrar_salts {
+        for (registrar, hex) in &raw.identity.registrar_salts.0 {
             let key = format!("identity.registrar_salts.{registrar:?}");
             let upper = registrar.to_ascii_uppercase();
             let probe = format!("1.2.156.3088.1.{upper}.1.1.0.0000");
@@ -632,5 +632,75 @@ rpc = "/acps-aip-v1/rpc"
                 .replace("[listener]", "[listener]\nhandshake_timeout = \"0s\""),
         );
         assert!(e.contains("listener.handshake_timeout"), "{e}");
+    }
+
+    #[test]
+    fn registrar_salts_and_dotted_pins() {
+        let salted = |salts: &str| {
+            BASE.replace(
+                "[[partner]]",
+                &format!("[identity]\n[identity.registrar_salts]\n{salts}\n[[partner]]"),
+            )
+        };
+        let c = Config::parse(&salted("\"1\" = \"1234\"\nab = \"00FF\""), Path::new(".")).unwrap();
+        assert_eq!(c.dotted.salts["1"], vec![0x12, 0x34]);
+        assert_eq!(
+            c.dotted.salts["AB"],
+            vec![0x00, 0xff],
+            "registrars are uppercased"
+        );
+        assert!(!c.dotted.required);
+        let shown = format!("{c:?}");
+        assert!(
+            !shown.contains("4660") && !shown.contains("0x12"),
+            "{shown}"
+        );
+        for (bad, named) in [
+            ("\"1\" = \"12\"", "at least 2 bytes"),
+            ("\"1\" = \"12345\"", "not hex"),
+            ("\"1\" = \"zz34\"", "not hex"),
+            ("\"0\" = \"1234\"", "registrar serial"),
+            ("\"1234567\" = \"1234\"", "registrar serial"),
+        ] {
+            let e = error_of(&salted(bad));
+            assert!(e.contains(named), "{bad}: {e}");
+            assert!(
+                !e.contains("1234\"") && !e.contains("zz34"),
+                "the salt is echoed: {e}"
+            );
+        }
+        // A dotted pin is judged with the salts when the config loads.
+        let pin = |aic: &str| {
+            salted("\"1\" = \"1234\"").replace(
+                "name = \"demo\"",
+                &format!("name = \"demo\"\naic = \"{aic}\"\naip_version = \"v2\""),
+            )
+        };
+        let c = Config::parse(
+            &pin("1.2.156.3088.1.1.34c2.478BDF.3GF546.0JU4"),
+            Path::new("."),
+        )
+        .unwrap();
+        assert_eq!(
+            c.partners[0].aic.map(|a| a.to_string()).as_deref(),
+            Some("1.2.156.3088.1.1.34C2.478BDF.3GF546.0JU4")
+        );
+        assert_eq!(c.partners[0].aip_version, raw::AipVersion::V2);
+        let e = error_of(&pin("1.2.156.3088.1.1.34C2.478BDF.3GF546.0JU5"));
+        assert!(e.contains("check code"), "{e}");
+        let required = BASE
+            .replace(
+                "[[partner]]",
+                "[identity]\ndotted_check = \"required\"\n[[partner]]",
+            )
+            .replace(
+                "name = \"demo\"",
+                "name = \"demo\"\naic = \"1.2.156.3088.1.1.34C2.478BDF.3GF546.0JU4\"",
+            );
+        assert!(
+            error_of(&required).contains("salt"),
+            "{}",
+            error_of(&required)
+        );
     }
 }

@@ -245,7 +245,18 @@ pub struct RawIdentity {
     pub dotted_check: DottedCheckMode,
     /// Registrar serial (a dotted AIC's level 6) -> its salt, hex (secret: never logged).
     #[serde(default)]
-    pub registrar_salts: BTreeMap<String, String>,
+    pub registrar_salts: Secrets,
+}
+
+/// Secret values by name: `Debug` shows the names only.
+#[derive(Default, Deserialize)]
+#[serde(transparent)]
+pub struct Secrets(pub BTreeMap<String, String>);
+
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
 }
 
 impl Default for RawIdentity {
@@ -253,7 +264,7 @@ impl Default for RawIdentity {
         RawIdentity {
             aic_domain_suffix: default_suffix(),
             dotted_check: DottedCheckMode::default(),
-            registrar_salts: BTreeMap::new(),
+            registrar_salts: Secrets::default(),
         }
     }
 }

@@ -403,7 +403,9 @@ impl<'a> Parsed<'a> {
 
     /// Phase two: every semantic check, in a fixed order.
     pub fn validate(self) -> Result<Envelope<'a>, EnvelopeError> {
-        let raw = self.raw;
+        // Fields are taken out of `raw` in place: it is several hundred bytes (both
+        // generations' message slots), so it is not moved around whole.
+        let mut raw = self.raw;
         match raw.jsonrpc.as_str() {
             Some("2.0") => {}
             _ => return Err(invalid("jsonrpc_version", "\"jsonrpc\" must be \"2.0\"")),
@@ -423,13 +425,13 @@ impl<'a> Parsed<'a> {
                 "\"id\" must be a string, number or null",
             ));
         }
-        let method = match raw.method {
+        let method = match std::mem::take(&mut raw.method) {
             LooseStr::Str(name) => {
                 Method::from_name(&name).ok_or(EnvelopeError::MethodNotFound(name.into_owned()))?
             }
             _ => return Err(invalid("method_type", "\"method\" must be a string")),
         };
-        let params = match raw.params {
+        let params = match &mut raw.params {
             LooseObj::Obj(p) => p,
             LooseObj::Other(kind) => {
                 return Err(bad_param(
@@ -454,7 +456,7 @@ impl<'a> Parsed<'a> {
 fn validate_message<'a>(
     method: Method,
     id: &'a RawValue,
-    params: RawParams<'a>,
+    params: &mut RawParams<'a>,
 ) -> Result<Envelope<'a>, EnvelopeError> {
     let present = |o: &LooseObj<RawMessage<'a>>| !matches!(o, LooseObj::Absent);
     let (shape, names, m) =
@@ -469,8 +471,16 @@ fn validate_message<'a>(
                 "params.command",
                 "params carries both message (AIP v01.00) and command (v02.01); send exactly one",
             )),
-            (_, false, true) => (Shape::Command, &COMMAND_NAMES, params.command),
-            (_, true, false) => (Shape::Message, &MESSAGE_NAMES, params.message),
+            (_, false, true) => (
+                Shape::Command,
+                &COMMAND_NAMES,
+                std::mem::take(&mut params.command),
+            ),
+            (_, true, false) => (
+                Shape::Message,
+                &MESSAGE_NAMES,
+                std::mem::take(&mut params.message),
+            ),
             (Method::Stream, false, false) => {
                 return Err(bad_param("params.message", "params.message is required"))
             }
@@ -568,23 +578,27 @@ fn validate_message<'a>(
 fn validate_other<'a>(
     method: Method,
     id: &'a RawValue,
-    params: RawParams<'a>,
+    params: &mut RawParams<'a>,
 ) -> Result<Envelope<'a>, EnvelopeError> {
+    let take = |s: &mut LooseStr<'a>| std::mem::take(s);
     let task_id = match method {
         Method::NotificationSet => {
-            req_string(params.url, "params.url")?;
-            req_string(params.token, "params.token")?;
-            opt_string(params.id, "params.id")?;
-            Some(req_string(params.task_id, "params.taskId")?)
+            req_string(take(&mut params.url), "params.url")?;
+            req_string(take(&mut params.token), "params.token")?;
+            opt_string(take(&mut params.id), "params.id")?;
+            Some(req_string(take(&mut params.task_id), "params.taskId")?)
         }
         Method::NotificationGet | Method::NotificationDelete => {
-            opt_string(params.notification_config_id, "params.notificationConfigId")?;
-            Some(req_string(params.task_id, "params.taskId")?)
+            opt_string(
+                take(&mut params.notification_config_id),
+                "params.notificationConfigId",
+            )?;
+            Some(req_string(take(&mut params.task_id), "params.taskId")?)
         }
-        _ => opt_string(params.task_id, "params.taskId")?,
+        _ => opt_string(take(&mut params.task_id), "params.taskId")?,
     };
     const LEADER: &str = "params.group.leader.aic";
-    let group_leader = match (method, params.group) {
+    let group_leader = match (method, std::mem::take(&mut params.group)) {
         (Method::Group, LooseObj::Obj(g)) => match g.leader {
             LooseObj::Obj(l) => opt_string(l.aic, LEADER)?,
             LooseObj::Absent => None,
