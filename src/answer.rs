@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::header::{self, HeaderMap};
 use http::Response;
 use http_body::Body;
@@ -46,6 +46,59 @@ fn relayable_type(headers: &HeaderMap) -> bool {
         || essence.eq_ignore_ascii_case("text/event-stream")
 }
 
+/// What a bounded read of an answer body got.
+pub enum Read {
+    /// The whole body, within the bound.
+    Whole(Bytes),
+    /// The frames read when the bound was passed (the rest is still in the body).
+    TooLarge(Vec<Bytes>),
+}
+
+/// Reads `body` to its end, at most `limits.max_bytes` of it, each pause bounded by
+/// `limits.idle` (504 `upstream_timeout` past it); a body cut short is
+/// `upstream_protocol`, described as `what`.
+pub async fn read_up_to<B>(
+    body: &mut B,
+    limits: AnswerLimits,
+    partner: &str,
+    what: &str,
+) -> Result<Read, GatewayError>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
+    let mut frames: Vec<Bytes> = Vec::new();
+    let mut total = 0usize;
+    loop {
+        let frame = match tokio::time::timeout(limits.idle, body.frame()).await {
+            Err(_) => {
+                return Err(GatewayError::UpstreamTimeout {
+                    partner: partner.to_owned(),
+                })
+            }
+            Ok(None) => break,
+            Ok(Some(Err(e))) => {
+                return Err(GatewayError::UpstreamProtocol {
+                    partner: partner.to_owned(),
+                    detail: format!("{what} was cut: {e}"),
+                })
+            }
+            Ok(Some(Ok(f))) => f,
+        };
+        if let Ok(data) = frame.into_data() {
+            total += data.len();
+            frames.push(data);
+        }
+        if total > limits.max_bytes {
+            return Ok(Read::TooLarge(frames));
+        }
+    }
+    Ok(Read::Whole(match frames.len() {
+        1 => frames.pop().unwrap_or_default(),
+        _ => frames.concat().into(),
+    }))
+}
+
 /// Judges a Partner's answer (see the module docs). `partner` names it in errors.
 pub async fn vet<B>(
     resp: Response<B>,
@@ -61,40 +114,21 @@ where
     }
     let (parts, mut body) = resp.into_parts();
     let status = parts.status.as_u16();
-    let bad = |detail: String| GatewayError::UpstreamBadResponse {
-        partner: partner.to_owned(),
-        status,
-        detail,
-    };
-    let mut read = BytesMut::new();
-    loop {
-        let frame = match tokio::time::timeout(limits.idle, body.frame()).await {
-            Err(_) => {
-                return Err(GatewayError::UpstreamTimeout {
-                    partner: partner.to_owned(),
-                })
-            }
-            Ok(None) => break,
-            Ok(Some(Err(e))) => {
-                return Err(GatewayError::UpstreamProtocol {
-                    partner: partner.to_owned(),
-                    detail: format!("an HTTP {status} answer was cut: {e}"),
-                })
-            }
-            Ok(Some(Ok(f))) => f,
-        };
-        if let Ok(data) = frame.into_data() {
-            if read.len() + data.len() > limits.max_bytes {
-                // Dropping the body cancels the rest of it.
-                return Err(bad(format!(
+    let what = format!("an HTTP {status} answer");
+    let read = match read_up_to(&mut body, limits, partner, &what).await? {
+        // Dropping the body cancels the rest of it.
+        Read::TooLarge(_) => {
+            return Err(GatewayError::UpstreamBadResponse {
+                partner: partner.to_owned(),
+                status,
+                detail: format!(
                     "HTTP {status} answer longer than {} bytes, not judged a JSON-RPC response",
                     limits.max_bytes
-                )));
-            }
-            read.extend_from_slice(&data);
+                ),
+            })
         }
-    }
-    let read = read.freeze();
+        Read::Whole(b) => b,
+    };
     match answer_shape(&read) {
         AnswerShape::Result | AnswerShape::Error => {
             Ok(Response::from_parts(parts, Either::Right(Full::new(read))))
@@ -105,10 +139,14 @@ where
                 .get(header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("no content type");
-            Err(bad(format!(
-                "HTTP {status} ({ctype}, {} bytes) is not a JSON-RPC response",
-                read.len()
-            )))
+            Err(GatewayError::UpstreamBadResponse {
+                partner: partner.to_owned(),
+                status,
+                detail: format!(
+                    "HTTP {status} ({ctype}, {} bytes) is not a JSON-RPC response",
+                    read.len()
+                ),
+            })
         }
     }
 }

@@ -159,22 +159,28 @@ fn random_serial() -> u64 {
     u64::from_be_bytes(b) >> 1 | 1
 }
 
+/// A CA certificate's parameters: ten years, certificate and CRL signing.
+fn ca_params(name: &str, constraints: BasicConstraints) -> CertificateParams {
+    let mut params = CertificateParams::default();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params.distinguished_name.push(DnType::CommonName, name);
+    params.is_ca = IsCa::Ca(constraints);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let now = OffsetDateTime::now_utc();
+    params.not_before = now - Duration::days(2);
+    params.not_after = now + Duration::days(365 * 10);
+    params.serial_number = Some(SerialNumber::from_slice(&random_serial().to_be_bytes()));
+    params
+}
+
 impl DevCa {
     /// A new self-signed CA.
     pub fn new(name: &str) -> anyhow::Result<DevCa> {
-        let mut params = CertificateParams::default();
-        params.distinguished_name = rcgen::DistinguishedName::new();
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let now = OffsetDateTime::now_utc();
-        params.not_before = now - Duration::days(2);
-        params.not_after = now + Duration::days(365 * 10);
-        params.serial_number = Some(SerialNumber::from_slice(&random_serial().to_be_bytes()));
+        let params = ca_params(name, BasicConstraints::Unconstrained);
         let key = KeyPair::generate()?;
         Ok(DevCa {
             issuer: CertifiedIssuer::self_signed(params, key)?,
@@ -184,20 +190,8 @@ impl DevCa {
     /// An intermediate CA signed by this one (the v2.1 reference CA's shape: root ->
     /// intermediate -> leaf).
     pub fn intermediate(&self, name: &str) -> anyhow::Result<DevCa> {
-        let mut params = CertificateParams::default();
-        params.distinguished_name = rcgen::DistinguishedName::new();
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let now = OffsetDateTime::now_utc();
-        params.not_before = now - Duration::days(2);
-        params.not_after = now + Duration::days(365 * 10);
+        let mut params = ca_params(name, BasicConstraints::Constrained(0));
         params.use_authority_key_identifier_extension = true;
-        params.serial_number = Some(SerialNumber::from_slice(&random_serial().to_be_bytes()));
         let key = KeyPair::generate()?;
         Ok(DevCa {
             issuer: CertifiedIssuer::signed_by(params, key, &self.issuer)?,

@@ -27,6 +27,7 @@ use http::{Request, Response};
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full};
 use hyper::body::Incoming;
 
+use crate::answer::{read_up_to, Read};
 use crate::body::{read_bounded, BodyError};
 use crate::config::raw::AipVersion;
 use crate::error::GatewayError;
@@ -419,31 +420,13 @@ where
         return Ok(resp.map(boxed));
     }
     let (parts, mut body) = resp.into_parts();
-    let mut frames: Vec<Bytes> = Vec::new();
-    let mut total = 0usize;
-    let idle = cfg.upstream.body_idle_timeout;
-    let cap = cfg.max_body_bytes;
-    loop {
-        let frame = match tokio::time::timeout(idle, body.frame()).await {
-            Err(_) => {
-                return Err(GatewayError::UpstreamTimeout {
-                    partner: partner.to_owned(),
-                })
-            }
-            Ok(None) => break,
-            Ok(Some(Err(e))) => {
-                return Err(GatewayError::UpstreamProtocol {
-                    partner: partner.to_owned(),
-                    detail: format!("the answer to a start was cut: {e}"),
-                })
-            }
-            Ok(Some(Ok(f))) => f,
-        };
-        if let Ok(data) = frame.into_data() {
-            total += data.len();
-            frames.push(data);
-        }
-        if total > cap {
+    let limits = crate::answer::AnswerLimits {
+        max_bytes: cfg.max_body_bytes,
+        idle: cfg.upstream.body_idle_timeout,
+    };
+    let whole = match read_up_to(&mut body, limits, partner, "the answer to a start").await? {
+        Read::Whole(b) => b,
+        Read::TooLarge(frames) => {
             // Too large to judge: relay what was read, then the rest as it comes.
             claim.confirm();
             let head = futures_util::stream::iter(
@@ -456,10 +439,6 @@ where
             let b = http_body_util::StreamBody::new(chained).boxed_unsync();
             return Ok(Response::from_parts(parts, b));
         }
-    }
-    let whole: Bytes = match frames.len() {
-        1 => frames.pop().unwrap_or_default(),
-        _ => frames.concat().into(),
     };
     if jsonrpc::reply::is_result(&whole) {
         claim.confirm();

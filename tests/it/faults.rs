@@ -182,6 +182,18 @@ async fn access_line(partner: &str) -> serde_json::Value {
     .await
 }
 
+/// A raw Partner and a gateway with a Partner `(name, prefix, script)` for each script.
+async fn faulty(partners: &[(&str, &str, &str)]) -> (Pki, RawPartner, TestGateway) {
+    let pki = Pki::new();
+    let raw = RawPartner::start().await;
+    let blocks: String = partners
+        .iter()
+        .map(|(name, prefix, script)| partner_block(name, prefix, &raw.url(script), ""))
+        .collect();
+    let gw = start_gateway(&pki.config("", &blocks)).await;
+    (pki, raw, gw)
+}
+
 fn labels(partner: &str, rest: &str) -> String {
     format!("{{partner=\"{partner}\",{rest}}}")
 }
@@ -191,18 +203,10 @@ fn labels(partner: &str, rest: &str) -> String {
 #[tokio::test]
 async fn an_html_error_page_becomes_a_jsonrpc_error() {
     let _ = capture();
-    let pki = Pki::new();
-    let raw = RawPartner::start().await;
-    let gw = start_gateway(
-        &pki.config(
-            "",
-            &[
-                partner_block("logged-html", "/h", &raw.url("html"), ""),
-                partner_block("logged-jsonrpc", "/j", &raw.url("jsonrpc"), ""),
-            ]
-            .concat(),
-        ),
-    )
+    let (pki, _raw, gw) = faulty(&[
+        ("logged-html", "/h", "html"),
+        ("logged-jsonrpc", "/j", "jsonrpc"),
+    ])
     .await;
     let a = pki.leader(LEADER_A, false);
     let r = within(
@@ -280,18 +284,10 @@ async fn an_html_error_page_becomes_a_jsonrpc_error() {
 #[tokio::test]
 async fn a_body_cut_short_is_recorded_as_a_failure() {
     let _ = capture();
-    let pki = Pki::new();
-    let raw = RawPartner::start().await;
-    let gw = start_gateway(
-        &pki.config(
-            "",
-            &[
-                partner_block("logged-reset", "/r", &raw.url("reset"), ""),
-                partner_block("logged-close", "/c", &raw.url("close"), ""),
-            ]
-            .concat(),
-        ),
-    )
+    let (pki, raw, gw) = faulty(&[
+        ("logged-reset", "/r", "reset"),
+        ("logged-close", "/c", "close"),
+    ])
     .await;
     for (partner, prefix, reason, h2) in [
         ("logged-reset", "/r", "upstream_reset", false),
@@ -350,11 +346,7 @@ async fn a_body_cut_short_is_recorded_as_a_failure() {
 #[tokio::test]
 async fn a_reset_stream_is_logged_and_counted() {
     let _ = capture();
-    let pki = Pki::new();
-    let raw = RawPartner::start().await;
-    let gw =
-        start_gateway(&pki.config("", &partner_block("logged-sse", "/s", &raw.url("sse"), "")))
-            .await;
+    let (pki, raw, gw) = faulty(&[("logged-sse", "/s", "sse")]).await;
     let a = pki.leader(LEADER_A, false);
     let mut stream = a
         .open_stream(

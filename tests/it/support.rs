@@ -409,12 +409,17 @@ impl Leader {
             .with_protocol_versions(versions)
             .unwrap()
             .with_root_certificates(roots(&pki.ca));
-        let mut cfg = match cert {
+        let cfg = match cert {
             Some(c) => b
                 .with_client_auth_cert(vec![c.cert_der.clone()], c.key_der())
                 .unwrap(),
             None => b.with_no_client_auth(),
         };
+        Leader::from_config(cfg, h2)
+    }
+
+    /// A Leader with these TLS settings, offering HTTP/2 or HTTP/1.1 by ALPN.
+    fn from_config(mut cfg: rustls::ClientConfig, h2: bool) -> Leader {
         cfg.alpn_protocols = if h2 {
             vec![b"h2".to_vec()]
         } else {
@@ -430,21 +435,13 @@ impl Leader {
     pub fn with_chain(pki: &Pki, leaf: &Issued, intermediates: &[&DevCa], h2: bool) -> Leader {
         let mut chain = vec![leaf.cert_der.clone()];
         chain.extend(intermediates.iter().map(|ca| ca.cert_der()));
-        let mut cfg = rustls::ClientConfig::builder_with_provider(provider())
+        let cfg = rustls::ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .unwrap()
             .with_root_certificates(roots(&pki.ca))
             .with_client_auth_cert(chain, leaf.key_der())
             .unwrap();
-        cfg.alpn_protocols = if h2 {
-            vec![b"h2".to_vec()]
-        } else {
-            vec![b"http/1.1".to_vec()]
-        };
-        Leader {
-            tls: Arc::new(cfg),
-            h2,
-        }
+        Leader::from_config(cfg, h2)
     }
 
     /// A TLS connection to the gateway.

@@ -45,35 +45,36 @@ async fn v2_commands_are_forwarded_unchanged() {
     for (s, (_, body)) in seen.iter().zip(&bodies) {
         assert_eq!(s.body, body.as_bytes(), "forwarded byte for byte");
     }
-    // v2 commands are checked like v1 messages: senderId, ownership.
+    // v2 commands are checked like v1 messages: senderId, ownership, known commands.
     let b = pki.leader(LEADER_B, false);
+    for (body, code, reason) in [
+        (
+            v2_body("rpc", "5", LEADER_A, "get", "t1"),
+            -32009,
+            "sender_mismatch",
+        ),
+        (
+            v2_body("rpc", "6", LEADER_B, "cancel", "t1"),
+            -32009,
+            "not_task_owner",
+        ),
+        (
+            v2_body("rpc", "7", LEADER_B, "launch", "t9"),
+            -32602,
+            "invalid_params",
+        ),
+    ] {
+        let r = b.post(gw.addr, "/p/rpc", &body).await.unwrap();
+        assert_eq!(r.error(), (code, reason.into()), "{body}");
+    }
     let r = b
         .post(
             gw.addr,
             "/p/rpc",
-            &v2_body("rpc", "5", LEADER_A, "get", "t1"),
+            &v2_body("rpc", "8", LEADER_B, "launch", "t9"),
         )
         .await
         .unwrap();
-    assert_eq!(r.error(), (-32009, "sender_mismatch".into()));
-    let r = b
-        .post(
-            gw.addr,
-            "/p/rpc",
-            &v2_body("rpc", "6", LEADER_B, "cancel", "t1"),
-        )
-        .await
-        .unwrap();
-    assert_eq!(r.error(), (-32009, "not_task_owner".into()));
-    let r = b
-        .post(
-            gw.addr,
-            "/p/rpc",
-            &v2_body("rpc", "7", LEADER_B, "launch", "t9"),
-        )
-        .await
-        .unwrap();
-    assert_eq!(r.error(), (-32602, "invalid_params".into()));
     assert_eq!(r.json()["error"]["data"]["field"], "params.command.command");
     assert_eq!(
         partner.seen().len(),
