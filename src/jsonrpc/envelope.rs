@@ -54,39 +54,113 @@ pub struct ParseFailure<'a> {
     pub error: EnvelopeError,
 }
 
+/// The envelope as the lenient pass reads it (serde derive).
 #[derive(Deserialize)]
-pub(super) struct RawEnvelope<'a> {
+struct LenientEnvelope<'a> {
     #[serde(borrow, default)]
-    pub(super) jsonrpc: LooseStr<'a>,
+    jsonrpc: LooseStr<'a>,
     #[serde(borrow, default)]
-    pub(super) method: LooseStr<'a>,
+    method: LooseStr<'a>,
     #[serde(borrow, default, deserialize_with = "present")]
-    pub(super) id: Option<&'a RawValue>,
+    id: Option<&'a RawValue>,
     #[serde(borrow, default)]
-    pub(super) params: LooseObj<RawParams<'a>>,
+    params: LooseObj<LenientParams<'a>>,
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub(super) struct RawParams<'a> {
+struct LenientParams<'a> {
     #[serde(borrow, default)]
-    pub(super) message: LooseObj<RawMessage<'a>>,
+    message: LooseObj<RawMessage<'a>>,
     /// v02.01's TaskCommand (`rpc`, `notification/start`).
     #[serde(borrow, default)]
-    pub(super) command: LooseObj<RawMessage<'a>>,
+    command: LooseObj<RawMessage<'a>>,
     /// v02.01's direct-RPC invitation (`group`); the fast path leaves it to this pass.
     #[serde(borrow, default)]
+    group: LooseObj<RawGroup<'a>>,
+    #[serde(borrow, default)]
+    task_id: LooseStr<'a>,
+    #[serde(borrow, default)]
+    url: LooseStr<'a>,
+    #[serde(borrow, default)]
+    token: LooseStr<'a>,
+    #[serde(borrow, default)]
+    id: LooseStr<'a>,
+    #[serde(borrow, default)]
+    notification_config_id: LooseStr<'a>,
+}
+
+/// What both passes produce: the fields read, types only classified.
+pub(super) struct RawEnvelope<'a> {
+    pub(super) jsonrpc: LooseStr<'a>,
+    pub(super) method: LooseStr<'a>,
+    pub(super) id: Option<&'a RawValue>,
+    pub(super) params: LooseObj<RawParams<'a>>,
+}
+
+/// `params`, with one message slot: whichever of `params.message` and `params.command`
+/// is present (`carrier` says which, or both, whose contents are never needed). One slot
+/// keeps the parsed envelope small, as it is moved from parse to validation.
+pub(super) struct RawParams<'a> {
+    pub(super) message: LooseObj<RawMessage<'a>>,
+    pub(super) carrier: Carrier,
     pub(super) group: LooseObj<RawGroup<'a>>,
-    #[serde(borrow, default)]
     pub(super) task_id: LooseStr<'a>,
-    #[serde(borrow, default)]
     pub(super) url: LooseStr<'a>,
-    #[serde(borrow, default)]
     pub(super) token: LooseStr<'a>,
-    #[serde(borrow, default)]
     pub(super) id: LooseStr<'a>,
-    #[serde(borrow, default)]
     pub(super) notification_config_id: LooseStr<'a>,
+}
+
+/// Which of `params.message` and `params.command` a body carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Carrier {
+    Neither,
+    Message,
+    Command,
+    Both,
+}
+
+impl<'a> RawParams<'a> {
+    /// Keeps the one slot that matters.
+    pub(super) fn one_slot(
+        message: LooseObj<RawMessage<'a>>,
+        command: LooseObj<RawMessage<'a>>,
+    ) -> (LooseObj<RawMessage<'a>>, Carrier) {
+        match (message, command) {
+            (LooseObj::Absent, LooseObj::Absent) => (LooseObj::Absent, Carrier::Neither),
+            (m, LooseObj::Absent) => (m, Carrier::Message),
+            (LooseObj::Absent, c) => (c, Carrier::Command),
+            _ => (LooseObj::Absent, Carrier::Both),
+        }
+    }
+}
+
+impl<'a> From<LenientEnvelope<'a>> for RawEnvelope<'a> {
+    fn from(e: LenientEnvelope<'a>) -> Self {
+        RawEnvelope {
+            jsonrpc: e.jsonrpc,
+            method: e.method,
+            id: e.id,
+            params: match e.params {
+                LooseObj::Absent => LooseObj::Absent,
+                LooseObj::Other(k) => LooseObj::Other(k),
+                LooseObj::Obj(p) => {
+                    let (message, carrier) = RawParams::one_slot(p.message, p.command);
+                    LooseObj::Obj(RawParams {
+                        message,
+                        carrier,
+                        group: p.group,
+                        task_id: p.task_id,
+                        url: p.url,
+                        token: p.token,
+                        id: p.id,
+                        notification_config_id: p.notification_config_id,
+                    })
+                }
+            },
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -355,8 +429,8 @@ fn check_text(body: &[u8]) -> Result<(), EnvelopeError> {
 
 /// The lenient pass alone (the fast path's fallback).
 fn parse_lenient(body: &[u8]) -> Result<Parsed<'_>, ParseFailure<'_>> {
-    match serde_json::from_slice::<RawEnvelope<'_>>(body) {
-        Ok(raw) => Ok(Parsed { raw }),
+    match serde_json::from_slice::<LenientEnvelope<'_>>(body) {
+        Ok(raw) => Ok(Parsed { raw: raw.into() }),
         Err(e) if e.is_data() => Err(ParseFailure {
             // A duplicate key (the only data error the lenient types allow) stops the
             // derive; the id can usually still be read on its own.
@@ -458,39 +532,31 @@ fn validate_message<'a>(
     id: &'a RawValue,
     params: &mut RawParams<'a>,
 ) -> Result<Envelope<'a>, EnvelopeError> {
-    let present = |o: &LooseObj<RawMessage<'a>>| !matches!(o, LooseObj::Absent);
-    let (shape, names, m) =
-        match (method, present(&params.message), present(&params.command)) {
-            (Method::Stream, _, true) => {
+    let (shape, names) =
+        match (method, params.carrier) {
+            (Method::Stream, Carrier::Command | Carrier::Both) => {
                 return Err(bad_param(
                     "params.command",
                     "stream carries its command in params.message, in both AIP generations",
                 ))
             }
-            (_, true, true) => return Err(bad_param(
+            (_, Carrier::Both) => return Err(bad_param(
                 "params.command",
                 "params carries both message (AIP v01.00) and command (v02.01); send exactly one",
             )),
-            (_, false, true) => (
-                Shape::Command,
-                &COMMAND_NAMES,
-                std::mem::take(&mut params.command),
-            ),
-            (_, true, false) => (
-                Shape::Message,
-                &MESSAGE_NAMES,
-                std::mem::take(&mut params.message),
-            ),
-            (Method::Stream, false, false) => {
+            (_, Carrier::Command) => (Shape::Command, &COMMAND_NAMES),
+            (_, Carrier::Message) => (Shape::Message, &MESSAGE_NAMES),
+            (Method::Stream, Carrier::Neither) => {
                 return Err(bad_param("params.message", "params.message is required"))
             }
-            (_, false, false) => {
+            (_, Carrier::Neither) => {
                 return Err(bad_param(
                     "params.message",
                     "params.message (AIP v01.00) or params.command (v02.01) is required",
                 ))
             }
         };
+    let m = std::mem::take(&mut params.message);
     let m = match m {
         LooseObj::Obj(m) => m,
         LooseObj::Other(kind) => {

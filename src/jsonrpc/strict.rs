@@ -187,15 +187,19 @@ impl<'a> From<FastEnvelope<'a>> for RawEnvelope<'a> {
             jsonrpc: LooseStr::Str(Cow::Borrowed(f.jsonrpc)),
             method: LooseStr::Str(Cow::Borrowed(f.method)),
             id: f.id,
-            params: LooseObj::Obj(RawParams {
-                message: message(f.params.message),
-                command: message(f.params.command),
-                group: LooseObj::Absent,
-                task_id,
-                url,
-                token,
-                id,
-                notification_config_id,
+            params: LooseObj::Obj({
+                let (message, carrier) =
+                    RawParams::one_slot(message(f.params.message), message(f.params.command));
+                RawParams {
+                    message,
+                    carrier,
+                    group: LooseObj::Absent,
+                    task_id,
+                    url,
+                    token,
+                    id,
+                    notification_config_id,
+                }
             }),
         }
     }
