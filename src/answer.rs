@@ -33,15 +33,18 @@ pub struct AnswerLimits {
     pub idle: Duration,
 }
 
-/// Whether `headers` name a media type the fast path relays unread.
-fn relayable_type(headers: &HeaderMap) -> bool {
-    let Some(v) = headers
+/// The media type of `Content-Type`, without parameters (`""` when there is none).
+pub fn media_type(headers: &HeaderMap) -> &str {
+    headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-    else {
-        return false;
-    };
-    let essence = v.split(';').next().unwrap_or("").trim();
+        .and_then(|v| v.split(';').next())
+        .map_or("", str::trim)
+}
+
+/// Whether `headers` name a media type the fast path relays unread.
+fn relayable_type(headers: &HeaderMap) -> bool {
+    let essence = media_type(headers);
     essence.eq_ignore_ascii_case("application/json")
         || essence.eq_ignore_ascii_case("text/event-stream")
 }

@@ -308,15 +308,20 @@ impl Metrics {
             | E::UpstreamTimeout { .. }
             | E::UpstreamProtocol { .. }
             | E::UpstreamBadResponse { .. } => {
-                self.upstream_errors
-                    .get_or_create(&PartnerReasonLabels {
-                        partner: partner.unwrap_or_default().to_owned(),
-                        reason,
-                    })
-                    .inc();
+                self.upstream_error(partner.unwrap_or_default(), reason)
             }
             _ => {}
         }
+    }
+
+    /// Counts a Partner failure: a refused request, a body cut short, a failed stream.
+    pub fn upstream_error(&self, partner: &str, reason: &'static str) {
+        self.upstream_errors
+            .get_or_create(&PartnerReasonLabels {
+                partner: partner.to_owned(),
+                reason,
+            })
+            .inc();
     }
 }
 

@@ -385,10 +385,7 @@ fn check_generation(
 
 /// Whether a response is an event stream.
 pub fn is_event_stream(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"))
+    crate::answer::media_type(headers).eq_ignore_ascii_case("text/event-stream")
 }
 
 /// A body from the Partner, before it is relayed.

@@ -68,7 +68,8 @@ impl RelayError {
         RelayError::Reset
     }
 
-    fn ending(self) -> Ending {
+    /// The ending it records: a Partner failure, counted where the access log is written.
+    pub fn ending(self) -> Ending {
         Ending {
             reason: self.reason(),
             count_upstream: true,

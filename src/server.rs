@@ -232,6 +232,7 @@ async fn serve_connection(
                 let mut log = RequestLog::default();
                 let resp = proxy::handle(req, &conn, &snap, &mut log).await;
                 let status = resp.status().as_u16();
+                let log_streams = log.stream.is_some();
                 let access = AccessLog {
                     log,
                     peer: conn.peer,
@@ -239,7 +240,8 @@ async fn serve_connection(
                     started,
                     status,
                     bytes_out: 0,
-                    streamed: proxy::is_event_stream(resp.headers()),
+                    // Only a request that made a stream tally can have an event stream.
+                    streamed: log_streams && proxy::is_event_stream(resp.headers()),
                     cut: None,
                 };
                 Ok::<_, Infallible>(resp.map(|body| Tracked {
@@ -438,12 +440,7 @@ impl Drop for AccessLog {
             })
             .inc();
         if let Some(e) = ending.filter(|e| e.count_upstream) {
-            m.upstream_errors
-                .get_or_create(&crate::metrics::PartnerReasonLabels {
-                    partner: partner.to_owned(),
-                    reason: e.reason,
-                })
-                .inc();
+            m.upstream_error(partner, e.reason);
         }
         if self.streamed {
             let outcome = ending.map_or(crate::outcome::CLIENT_CLOSED, |e| e.reason);
@@ -485,10 +482,7 @@ impl Body for Tracked {
             }
             Poll::Ready(Some(Err(e))) => {
                 self.access.cut = Some(match e.downcast_ref::<RelayError>() {
-                    Some(why) => Ending {
-                        reason: why.reason(),
-                        count_upstream: true,
-                    },
+                    Some(why) => why.ending(),
                     None => Ending {
                         reason: "body_error",
                         count_upstream: false,

@@ -186,11 +186,7 @@ pub async fn handle(
         // Counted once per Partner stream, however many Leaders followed it.
         if let StreamEnd::Failed { reason } = end {
             if partner_caused(reason) {
-                let labels = crate::metrics::PartnerReasonLabels {
-                    partner: pname,
-                    reason,
-                };
-                metrics.upstream_errors.get_or_create(&labels).inc();
+                metrics.upstream_error(&pname, reason);
             }
         }
     });

@@ -284,11 +284,7 @@ impl Config {
         for (registrar, hex) in &raw.identity.registrar_salts.0 {
             let key = format!("identity.registrar_salts.{registrar:?}");
             let upper = registrar.to_ascii_uppercase();
-            let probe = format!("1.2.156.3088.1.{upper}.1.1.0.0000");
-            if matches!(
-                Aic::parse(&probe),
-                Err(crate::identity::AicError::Level(6) | crate::identity::AicError::Charset)
-            ) {
+            if crate::identity::aic::check_level(6, upper.as_bytes()).is_err() {
                 bail!("{key}: not a registrar serial (1 to 6 characters of 0-9A-Z, not 0)");
             }
             // The salt itself is never echoed: it is a secret.

@@ -145,6 +145,30 @@ const LEVEL_RULES: [(usize, usize, u64); 6] = [
     (4, 4, 0),
 ];
 
+/// Checks dotted level `n` (5 to 10, as written uppercase): its alphabet, then its length
+/// and range (see [`LEVEL_RULES`]).
+pub fn check_level(n: usize, level: &[u8]) -> Result<(), AicError> {
+    let Some(&(min_len, max_len, least)) = n.checked_sub(5).and_then(|i| LEVEL_RULES.get(i)) else {
+        return Err(AicError::Levels);
+    };
+    if !level
+        .iter()
+        .all(|b| b.is_ascii_digit() || b.is_ascii_uppercase())
+    {
+        return Err(AicError::Charset);
+    }
+    let value = base36_value(level).ok_or(AicError::Charset)?;
+    let greatest = if n == 10 {
+        65535
+    } else {
+        36u64.pow(max_len as u32) - 1
+    };
+    if level.len() < min_len || level.len() > max_len || value < least || value > greatest {
+        return Err(AicError::Level(n as u8));
+    }
+    Ok(())
+}
+
 impl Aic {
     /// Parses and validates an AIC of either form. A dotted AIC is uppercased; its check
     /// code is only checked for format here (see [`DottedCheck::judge`]).
@@ -198,25 +222,8 @@ impl Aic {
         if !upper.starts_with(DOTTED_PREFIX.as_bytes()) || upper[DOTTED_PREFIX.len()] != b'.' {
             return Err(AicError::Prefix);
         }
-        for (i, (level, &(min_len, max_len, least))) in
-            levels[4..].iter().zip(&LEVEL_RULES).enumerate()
-        {
-            let n = (i + 5) as u8;
-            if !level
-                .iter()
-                .all(|b| b.is_ascii_digit() || b.is_ascii_uppercase())
-            {
-                return Err(AicError::Charset);
-            }
-            let value = base36_value(level).ok_or(AicError::Charset)?;
-            let greatest = if n == 10 {
-                65535
-            } else {
-                36u64.pow(max_len as u32) - 1
-            };
-            if level.len() < min_len || level.len() > max_len || value < least || value > greatest {
-                return Err(AicError::Level(n));
-            }
+        for (i, level) in levels[4..].iter().enumerate() {
+            check_level(i + 5, level)?;
         }
         Ok(Aic::from_ascii(upper))
     }

@@ -105,11 +105,12 @@ impl<'de, const WITH_MESSAGE: bool> Visitor<'de> for FieldsVisitor<WITH_MESSAGE>
             command_params: None,
         };
         while let Some(key) = map.next_key::<&'de str>()? {
-            if WITH_MESSAGE && (key == "message" || key == "command") {
-                let slot = match key {
-                    "message" => &mut out.message,
-                    _ => &mut out.command,
-                };
+            let slot = match key {
+                "message" if WITH_MESSAGE => Some(&mut out.message),
+                "command" if WITH_MESSAGE => Some(&mut out.command),
+                _ => None,
+            };
+            if let Some(slot) = slot {
                 if slot.is_some() {
                     return Err(A::Error::custom(format_args!("duplicate field `{key}`")));
                 }

@@ -7,7 +7,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::identity::aic::DOTTED_PREFIX;
+use crate::identity::aic::{check_level, DOTTED_PREFIX};
 use crate::identity::{Aic, AicForm};
 
 /// Where the AIC's fields end (version; provider; entity; year; agent serial; instance).
@@ -56,20 +56,18 @@ impl FromStr for AicPattern {
     }
 }
 
-/// A dotted level prefix (`1.2.156.3088` and up to five more whole levels, an optional
-/// trailing dot), uppercased; `None` if it is not one.
+/// A dotted level prefix (`1.2.156.3088` and up to five more whole levels, each valid for
+/// its place, an optional trailing dot), uppercased; `None` if it is not one.
 fn dotted_levels(p: &str) -> Option<String> {
     let p = p.strip_suffix('.').unwrap_or(p).to_ascii_uppercase();
     let levels: Vec<&str> = p.split('.').collect();
     let well_formed = p.starts_with(DOTTED_PREFIX)
         && (4..=9).contains(&levels.len())
         && levels[..4] == ["1", "2", "156", "3088"]
-        && levels[4..].iter().all(|l| {
-            !l.is_empty()
-                && l.len() <= 9
-                && l.bytes()
-                    .all(|b| b.is_ascii_digit() || b.is_ascii_uppercase())
-        });
+        && levels[4..]
+            .iter()
+            .enumerate()
+            .all(|(i, l)| check_level(i + 5, l.as_bytes()).is_ok());
     well_formed.then_some(p)
 }
 

@@ -38,7 +38,7 @@ pub struct StreamSettings {
     /// Largest event accepted from a Partner.
     pub max_event_bytes: usize,
     /// What a Leader gets when the Partner's stream fails before a terminal state.
-    pub on_upstream_failure: crate::config::raw::OnUpstreamFailure,
+    pub on_upstream_failure: OnUpstreamFailure,
 }
 
 /// Reads the Partner's SSE body into `record` until the stream ends, fails, idles out,
@@ -156,8 +156,7 @@ struct Follower {
 /// line, and its JSON-RPC id is replaced by `id` when they differ (spliced into the
 /// event's own bytes, never re-serialized). An abnormal end (unless `on_failure` is
 /// `close`: then the stream just ends) or an eviction gap becomes a final JSON-RPC error
-/// event, and so does `closing` turning true (a shutdown whose drain
-/// time is over). `tally` counts the Partner's events sent (not the gateway's own error
+/// event, and so does `closing` turning true (a shutdown whose drain time is over). `tally` counts the Partner's events sent (not the gateway's own error
 /// event, nor keep-alive comments) and records how the stream ended for this Leader.
 pub fn follow(
     record: Arc<dyn StreamRecord>,
@@ -207,28 +206,20 @@ pub fn follow(
                             st.done = true;
                         }
                         Some(StreamEnd::Failed { reason }) => {
-                            if st.on_failure == OnUpstreamFailure::Close {
-                                // The end is recorded (log, metrics, re-stream), not sent.
-                                st.tally.end(Ending {
-                                    reason,
-                                    count_upstream: false,
-                                });
-                                st.done = true;
-                            } else {
-                                st.fail(reason, None);
-                            }
+                            let tell = st.on_failure == OnUpstreamFailure::ErrorEvent;
+                            st.fail(reason, None, tell);
                         }
                         None => {}
                     }
                 }
-                Err(gap) => st.fail("events_evicted", gap.first_available_seq),
+                Err(gap) => st.fail("events_evicted", gap.first_available_seq, true),
             }
             if !st.queue.is_empty() || st.done {
                 continue;
             }
             if st.closing.as_ref().is_some_and(|c| *c.borrow()) {
                 // The gateway is shutting down and the drain time is over.
-                st.fail("shutting_down", None);
+                st.fail("shutting_down", None, true);
                 continue;
             }
             tokio::select! {
@@ -278,15 +269,18 @@ impl Follower {
         }
     }
 
-    /// Ends this Leader's stream with a final error event. A Partner-caused end is counted
-    /// once by the stream's recorder, not per follower.
-    fn fail(&mut self, reason: &'static str, last_available: Option<u64>) {
+    /// Ends this Leader's stream, with a final error event when `tell` (the end is recorded
+    /// for the access log either way). A Partner-caused end is counted once by the
+    /// stream's recorder, not per follower.
+    fn fail(&mut self, reason: &'static str, last_available: Option<u64>, tell: bool) {
         self.tally.end(Ending {
             reason,
             count_upstream: false,
         });
-        let ev = error_event(&self.id, reason, Some(self.last_sent), last_available);
-        self.queue.push_back(ev);
+        if tell {
+            let ev = error_event(&self.id, reason, Some(self.last_sent), last_available);
+            self.queue.push_back(ev);
+        }
         self.done = true;
     }
 }
