@@ -107,5 +107,41 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+/// The per-response check issue 14 added (a Partner answer is judged before it is relayed),
+/// side by side with the content-type check every response already had.
+fn response(c: &mut Criterion) {
+    use bytes::Bytes;
+    use futures_util::FutureExt;
+    use http_body_util::Full;
+    let mut g = c.benchmark_group("response");
+    let answer = || {
+        let mut r = http::Response::new(Full::new(Bytes::from_static(b"{}")));
+        r.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        r
+    };
+    let limits = aipgw::answer::AnswerLimits {
+        max_bytes: 65536,
+        idle: std::time::Duration::from_secs(30),
+    };
+    let r = answer();
+    g.bench_function("is_event_stream", |b| {
+        b.iter(|| aipgw::proxy::is_event_stream(black_box(r.headers())))
+    });
+    g.bench_function("build_answer_only", |b| b.iter(|| black_box(answer())));
+    g.bench_function("build_answer_and_vet_2xx_json", |b| {
+        b.iter(|| {
+            // The fast path never awaits.
+            aipgw::answer::vet(answer(), limits, "p")
+                .now_or_never()
+                .unwrap()
+                .unwrap()
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench, response);
 criterion_main!(benches);
