@@ -109,6 +109,9 @@ fn bench(c: &mut Criterion) {
         g.bench_with_input(BenchmarkId::new("utf8_check", name), &body, |b, body| {
             b.iter(|| std::str::from_utf8(black_box(body)).is_ok())
         });
+        g.bench_with_input(BenchmarkId::new("utf8_simd", name), &body, |b, body| {
+            b.iter(|| simdutf8::basic::from_utf8(black_box(body)).is_ok())
+        });
         g.bench_with_input(
             BenchmarkId::new("plain_borrowed", name),
             &body,
