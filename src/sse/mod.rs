@@ -6,4 +6,5 @@ pub mod event;
 pub mod memory;
 pub mod relay;
 pub mod replay;
+mod slots;
 pub mod splitter;

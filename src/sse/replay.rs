@@ -37,8 +37,8 @@ pub struct StreamMeta {
     pub session_id: Option<String>,
 }
 
-/// One buffered event: its exact bytes, and where its JSON-RPC id sits in them.
-/// 48 bytes beside the event's own bytes.
+/// One buffered event: its exact bytes, and where its JSON-RPC id sits in them. (How a
+/// store keeps it is the store's own: the in-memory one packs it into a 32-byte slot.)
 #[derive(Debug, Clone)]
 pub struct Entry {
     /// `eventSeq`, or [`NO_SEQ`].
