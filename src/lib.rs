@@ -41,6 +41,8 @@
 //! - [`body`]: bounded request body reading.
 //! - [`relay_body`]: a Partner's body on its way back: idle bound, event count, permits.
 //! - [`outcome`]: how a body ended after its head was sent (access log, metrics).
+//! - [`upkeep`]: one timer sweeping idle limiter entries, expired replay records and
+//!   task owners.
 //! - [`error`]: the one error type and its mapping.
 //! - [`devcerts`]: development certificate generation (rcgen).
 //! - [`demo`]: a demo Partner implementing the AIP task state machine.
@@ -75,6 +77,7 @@ pub mod sse;
 pub mod streams;
 pub mod tls;
 pub mod trace;
+pub mod upkeep;
 pub mod upstream;
 
 pub use error::GatewayError;

@@ -67,7 +67,7 @@ pub async fn run(
     // opening idle sockets could hold every permit. Over it, a connection is closed at once.
     let handshakes = KeyedCounts::<IpAddr>::new(Some(snap.config.listener.max_handshakes_per_ip));
     let (drain_tx, drain_rx) = watch::channel(false);
-    let sweeper = tokio::spawn(sweep_limits(gateway.clone()));
+    let sweeper = tokio::spawn(crate::upkeep::run(gateway.clone()));
     gateway.set_ready(true);
     tokio::pin!(shutdown);
     loop {
@@ -133,14 +133,6 @@ pub async fn run(
 
 /// Every `ratelimit.sweep_interval`, forgets rate-limit keys whose state is back to
 /// fresh, so the keyed stores hold only recently active AICs.
-async fn sweep_limits(gateway: Arc<Gateway>) {
-    loop {
-        let every = gateway.snapshot().config.ratelimit.sweep_interval;
-        tokio::time::sleep(every).await;
-        gateway.snapshot().limiter.sweep();
-    }
-}
-
 async fn serve_connection(
     tcp: TcpStream,
     peer: SocketAddr,

@@ -38,6 +38,8 @@ pub struct Config {
     pub stream: crate::sse::relay::StreamSettings,
     /// Replay buffer bounds.
     pub replay: crate::sse::memory::ReplayLimits,
+    /// How often the upkeep task expires finished replay records and task owners.
+    pub replay_sweep_interval: Duration,
     /// Gateway-wide authorization rules.
     pub policy: crate::policy::GlobalPolicy,
     /// Task ownership settings.
@@ -324,6 +326,9 @@ impl Config {
         if rl.max_keys == 0 || rl.sweep_interval.is_zero() {
             bail!("ratelimit: max_keys and sweep_interval must be greater than zero");
         }
+        if raw.replay.sweep_interval.is_zero() {
+            bail!("replay.sweep_interval must be greater than zero");
+        }
         if rl.max_streams_per_aic == Some(0) {
             bail!("ratelimit.max_streams_per_aic: must be at least 1 (omit it for no limit)");
         }
@@ -400,6 +405,7 @@ impl Config {
                 max_streams: raw.replay.max_streams,
                 retention: raw.replay.retention,
             },
+            replay_sweep_interval: raw.replay.sweep_interval,
             admin_bind: match raw.admin.bind.as_str() {
                 "" => None,
                 b => Some(

@@ -102,6 +102,10 @@ pub struct RawReplay {
     /// How long a finished stream stays replayable.
     #[serde(default = "d10m", with = "humantime_serde")]
     pub retention: Duration,
+    /// How often finished streams past `retention` (and expired task owners) are dropped
+    /// when no traffic does it.
+    #[serde(default = "d10s", with = "humantime_serde")]
+    pub sweep_interval: Duration,
 }
 
 impl Default for RawReplay {
@@ -112,6 +116,7 @@ impl Default for RawReplay {
             max_total_bytes: default_total_bytes(),
             max_streams: default_max_streams(),
             retention: d10m(),
+            sweep_interval: d10s(),
         }
     }
 }

@@ -49,6 +49,8 @@ pub trait TaskOwners: Send + Sync {
     fn owner(&self, partner: &str, task: &str) -> Option<Aic>;
     /// Entries held.
     fn len(&self) -> usize;
+    /// Drops expired entries (the upkeep timer calls it, so they go without traffic).
+    fn sweep(&self);
     /// Whether no entry is held.
     fn is_empty(&self) -> bool {
         self.len() == 0
@@ -238,6 +240,21 @@ impl TaskOwners for MemoryTaskOwners {
         })
     }
 
+    fn sweep(&self) {
+        let now = Instant::now();
+        let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let inner = &mut *guard;
+        inner.map.retain(|_, e| e.expires > now);
+        let map = &inner.map;
+        inner
+            .order
+            .retain(|(h, s)| map.get(h).is_some_and(|e| e.stamp == *s));
+        if inner.map.capacity() > 4 * inner.map.len().max(16) {
+            inner.map.shrink_to_fit();
+            inner.order.shrink_to_fit();
+        }
+    }
+
     fn len(&self) -> usize {
         self.inner
             .lock()
@@ -336,6 +353,24 @@ mod tests {
 
     fn aic(s: &str) -> Aic {
         Aic::parse(s).unwrap()
+    }
+
+    /// Issue 13: expired owners go at the upkeep's sweep, with no claim or lookup, and
+    /// only those: a task used since stays.
+    #[tokio::test(start_paused = true)]
+    async fn sweep_drops_only_expired_owners() {
+        let a = aic("10001000011K912345E789ABCDEF2353");
+        let store = MemoryTaskOwners::new(1000, Duration::from_secs(60));
+        for t in 0..100 {
+            store.claim("p", &format!("t{t}"), &a, None).unwrap();
+        }
+        tokio::time::advance(Duration::from_secs(30)).await;
+        store.claim("p", "t7", &a, None).unwrap();
+        tokio::time::advance(Duration::from_secs(31)).await;
+        assert_eq!(store.len(), 100, "nothing expires on its own");
+        store.sweep();
+        assert_eq!(store.len(), 1);
+        assert_eq!(store.owner("p", "t7"), Some(a));
     }
 
     #[tokio::test(start_paused = true)]

@@ -286,6 +286,29 @@ impl ReplayStore for MemoryStore {
             .map(|r| r.clone() as Arc<dyn StreamRecord>)
     }
 
+    fn sweep(&self) {
+        let mut index = lock(&self.shared.index);
+        self.shared.expire(&mut index, Instant::now());
+        // Let the index shrink after a burst: stale creation-order ids go, and tables
+        // far larger than what they hold are reallocated.
+        let Index {
+            map,
+            opened,
+            finished,
+            ..
+        } = &mut *index;
+        opened.retain(|(k, i)| map.get(k).is_some_and(|r| r.id == *i));
+        if map.capacity() > 4 * map.len().max(16) {
+            map.shrink_to_fit();
+        }
+        if opened.capacity() > 4 * opened.len().max(16) {
+            opened.shrink_to_fit();
+        }
+        if finished.capacity() > 4 * finished.len().max(16) {
+            finished.shrink_to_fit();
+        }
+    }
+
     fn stats(&self) -> ReplayStats {
         let t = &self.shared.totals;
         ReplayStats {
@@ -715,6 +738,29 @@ mod tests {
         // All open: the oldest open one leaves the index.
         assert!(store.find(&key(1)).is_none());
         assert_eq!(store.stats().streams, 3);
+    }
+
+    /// Issue 13: `sweep` expires finished records with no open or lookup, and leaves the
+    /// open ones and those within retention.
+    #[tokio::test(start_paused = true)]
+    async fn sweep_expires_finished_records_only() {
+        let store = MemoryStore::new(limits());
+        let open = store.open(key(0), meta());
+        for i in 1..=50 {
+            let r = store.open(key(i), meta());
+            r.append(entry(1, 100));
+            r.finish(StreamEnd::Complete);
+        }
+        tokio::time::advance(Duration::from_secs(300)).await;
+        let late = store.open(key(51), meta());
+        late.finish(StreamEnd::Complete);
+        tokio::time::advance(Duration::from_secs(301)).await;
+        assert_eq!(store.stats().streams, 52, "stats expire nothing");
+        store.sweep();
+        assert_eq!(store.stats().streams, 2);
+        assert_eq!(store.stats().bytes, held(&store));
+        assert!(store.find(&key(51)).is_some());
+        drop(open);
     }
 
     #[tokio::test(start_paused = true)]

@@ -105,6 +105,9 @@ pub trait ReplayStore: Send + Sync {
     fn find(&self, key: &StreamKey) -> Option<Arc<dyn StreamRecord>>;
     /// Totals.
     fn stats(&self) -> ReplayStats;
+    /// Drops finished records past their retention (the upkeep timer calls it, so they go
+    /// even when no stream is opened or looked up).
+    fn sweep(&self);
 }
 
 /// One stream's log.

@@ -400,3 +400,31 @@ async fn spliced_id_is_byte_exact() {
         r.text()
     );
 }
+
+/// Issue 13: a finished stream past `replay.retention` is dropped by the upkeep timer
+/// with no request after it (before, only opening or looking one up expired records, so
+/// a quiet gateway held every finished stream).
+#[tokio::test]
+async fn finished_streams_expire_without_traffic() {
+    let s = setup(
+        Restream::Error,
+        "[replay]\nretention = \"3s\"\nsweep_interval = \"100ms\"",
+    )
+    .await;
+    let mut leader = s.start("t", false).await;
+    let feed = s.partner.feed("t").await;
+    feed_events(&feed, 1..=3, Some((3, "completed"))).await;
+    drop(feed);
+    assert_eq!(seqs_until_end(&mut leader).await, vec![1, 2, 3]);
+    drop(leader);
+    let held = parse_metrics(&s.gw.admin_get("/metrics").await.1);
+    assert_eq!(
+        held["aipgw_replay_buffer_streams"], 1.0,
+        "kept for retention"
+    );
+    assert!(held["aipgw_replay_buffer_bytes"] > 0.0);
+    // Only scrapes from here on; `metric` waits at most 10 s for the value.
+    let gone = metric(&s.gw, "aipgw_replay_buffer_streams", 0.0).await;
+    assert_eq!(gone["aipgw_replay_buffer_bytes"], 0.0);
+    assert_eq!(gone["aipgw_replay_buffer_events"], 0.0);
+}

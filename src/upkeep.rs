@@ -1,0 +1,35 @@
+//! One timer for the state that would otherwise shrink only when traffic touches it:
+//! idle per-AIC limiter entries (every `ratelimit.sweep_interval`), and finished replay
+//! records past `replay.retention` and expired task owners (every `replay.sweep_interval`).
+//! Without it, a gateway that goes quiet keeps whatever the last burst left behind.
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use crate::gateway::Gateway;
+
+/// Runs until dropped (the server aborts it at shutdown). Intervals are read from the
+/// snapshot current at each wake, so a reload applies from the next one.
+pub async fn run(gateway: Arc<Gateway>) {
+    let start = Instant::now();
+    let (mut limits_at, mut replay_at) = (start, start);
+    loop {
+        let snap = gateway.snapshot();
+        let next_limits = limits_at + snap.config.ratelimit.sweep_interval;
+        let next_replay = replay_at + snap.config.replay_sweep_interval;
+        drop(snap);
+        tokio::time::sleep_until(next_limits.min(next_replay)).await;
+        let now = Instant::now();
+        let snap = gateway.snapshot();
+        if now >= next_limits {
+            snap.limiter.sweep();
+            limits_at = now;
+        }
+        if now >= next_replay {
+            snap.replay.sweep();
+            snap.tasks.sweep();
+            replay_at = now;
+        }
+    }
+}
