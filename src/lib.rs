@@ -44,6 +44,7 @@
 //! - [`upkeep`]: one timer sweeping idle limiter entries, expired replay records and
 //!   task owners.
 //! - [`error`]: the one error type and its mapping.
+//! - [`fdlimit`]: the open-file limit raised at start and checked against the bounds.
 //! - [`devcerts`]: development certificate generation (rcgen).
 //! - [`demo`]: a demo Partner implementing the AIP task state machine.
 //! - [`cli`]: the command line.
@@ -59,6 +60,7 @@ pub mod config;
 pub mod demo;
 pub mod devcerts;
 pub mod error;
+pub mod fdlimit;
 pub mod gateway;
 pub mod hex;
 pub mod identity;

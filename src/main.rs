@@ -78,6 +78,8 @@ fn init_tracing(level: &str, json: bool) {
         .unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // Colour only for a terminal: log files and collectors get plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     if json {
         builder.json().flatten_event(true).init();
@@ -116,6 +118,22 @@ async fn dispatch(command: Command, config: Option<Config>) -> Result<(), Failur
                 .source
                 .clone()
                 .map(|p| (p, cfg.reload_watch, cfg.reload_debounce));
+            let fds = aipgw::fdlimit::raise().map_err(|e| {
+                failed(anyhow::anyhow!(
+                    "cannot read or raise the open-file limit: {e}"
+                ))
+            })?;
+            tracing::info!(
+                soft_before = fds.soft_before,
+                soft = fds.soft,
+                hard = fds.hard,
+                "open-file limit"
+            );
+            let need = aipgw::fdlimit::need(&cfg);
+            if !need.unbounded.is_empty() {
+                tracing::warn!(partners = ?need.unbounded, "Partners without [partner.limits] max_in_flight: their connections are bounded only by the Leaders' requests");
+            }
+            aipgw::fdlimit::check(&need, &fds).map_err(|e| failed(anyhow::anyhow!(e)))?;
             let gateway = aipgw::Gateway::new(cfg).map_err(usage)?;
             let listener = TcpListener::bind(bind)
                 .await

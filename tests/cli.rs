@@ -220,3 +220,23 @@ fn inspect_cert_survives_a_non_ascii_uri() {
     assert_ne!(code, 101, "{out}");
     assert!(out.contains("certificate:"), "{out}");
 }
+
+/// Issue 13: `run` raises the soft open-file limit to the hard one, and refuses to start
+/// when `listener.max_connections` and the Partners cannot fit under it, naming the
+/// setting (the demo config allows 10,000 connections; the hard limit here is 300).
+#[test]
+fn run_refuses_bounds_the_open_file_limit_cannot_hold() {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -Sn 200 && ulimit -Hn 300 && exec \"$0\" run --config config/aipgw.toml")
+        .arg(env!("CARGO_BIN_EXE_aipgw"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("soft_before=200"), "{text}");
+    assert!(text.contains("soft=300"), "{text}");
+    assert!(text.contains("open-file limit is 300"), "{text}");
+    assert!(text.contains("listener.max_connections (10000)"), "{text}");
+}
