@@ -45,9 +45,9 @@ pub fn raise() -> std::io::Result<NofileLimit> {
 pub struct FdNeed {
     /// `listener.max_connections`.
     pub leaders: u64,
-    /// Partner connections: per Partner, its `limits.max_in_flight` requests (one HTTP/1.1
-    /// connection each) or its idle pools (`upstream.pool_max_idle_per_host` per upstream
-    /// URL), whichever is larger.
+    /// Partner connections: per HTTP/1.1 Partner, its `limits.max_in_flight` requests
+    /// (one connection each) or its idle pools (`upstream.pool_max_idle_per_host` per
+    /// upstream URL), whichever is larger; per HTTP/2 Partner, one per upstream URL.
     pub partners: u64,
     /// Partners without `limits.max_in_flight`, whose connections only the Leaders'
     /// requests bound (counted at their idle pools).
@@ -70,6 +70,11 @@ pub fn need(cfg: &Config) -> FdNeed {
         unbounded: Vec::new(),
     };
     for p in &cfg.partners {
+        if p.http2 {
+            // One multiplexed connection per upstream URL.
+            need.partners += p.upstreams.len() as u64;
+            continue;
+        }
         let idle = idle * p.upstreams.len() as u64;
         match p.max_in_flight {
             Some(n) => need.partners += (n as u64).max(idle),
@@ -125,17 +130,18 @@ mod tests {
         let cfg = config(
             "max_connections = 1000\n[upstream]\npool_max_idle_per_host = 8",
             &format!(
-                "{}{}{}",
+                "{}{}{}{}",
                 partner("a", "[partner.limits]\nmax_in_flight = 500"),
                 partner("b", "[partner.limits]\nmax_in_flight = 4"),
-                partner("c", "")
+                partner("c", ""),
+                partner("d", "http2 = true")
             ),
         );
         let n = need(&cfg);
         assert_eq!(n.leaders, 1000);
-        assert_eq!(n.partners, 500 + 8 + 8);
+        assert_eq!(n.partners, 500 + 8 + 8 + 1);
         assert_eq!(n.unbounded, vec!["c".to_owned()]);
-        assert_eq!(n.total(), 1000 + 516 + RESERVED);
+        assert_eq!(n.total(), 1000 + 517 + RESERVED);
         let fits = NofileLimit {
             soft_before: 1024,
             soft: 2000,
@@ -146,7 +152,7 @@ mod tests {
         let e = check(&n, &short).unwrap_err();
         assert!(e.contains("listener.max_connections (1000)"), "{e}");
         assert!(e.contains("max_in_flight"), "{e}");
-        assert!(e.contains("need 1580"), "{e}");
+        assert!(e.contains("need 1581"), "{e}");
     }
 
     #[test]

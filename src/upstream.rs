@@ -64,12 +64,23 @@ impl UpstreamPool {
             None => builder,
         };
         let connector = builder.enable_http1().enable_http2().wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder
             .pool_idle_timeout(u.pool_idle_timeout)
             .pool_max_idle_per_host(u.pool_max_idle_per_host)
             .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .build(connector);
+            .timer(TokioTimer::new());
+        if p.http2 {
+            // One connection per upstream URL carries every request; the Partner's
+            // SETTINGS_MAX_CONCURRENT_STREAMS bounds how many are open at once (more wait
+            // for a stream, within `upstream.response_timeout`).
+            builder
+                .http2_only(true)
+                .http2_adaptive_window(true)
+                .http2_keep_alive_interval(u.pool_idle_timeout / 2)
+                .http2_keep_alive_while_idle(false);
+        }
+        let client = builder.build(connector);
         Ok(UpstreamPool {
             partner: p.name.clone(),
             client,

@@ -135,6 +135,8 @@ pub struct PartnerConfig {
     pub aic: Option<Aic>,
     /// Which AIP generation it speaks.
     pub aip_version: raw::AipVersion,
+    /// HTTP/2 only (prior knowledge over `http://`).
+    pub http2: bool,
     /// Upstream path for each method, indexed by [`Method::index`].
     pub paths: [String; Method::ALL.len()],
     /// TLS to the Partner.
@@ -552,6 +554,7 @@ fn partner_from_raw(
         rates,
         max_in_flight: l.max_in_flight,
         aip_version: p.aip_version,
+        http2: p.http2,
         name: p.name,
         prefix,
         hosts: p.hosts.iter().map(|h| h.to_ascii_lowercase()).collect(),

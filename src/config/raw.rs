@@ -349,6 +349,11 @@ pub struct RawPartner {
     /// Which AIP generation it speaks: `auto`, `v1` or `v2`.
     #[serde(default)]
     pub aip_version: AipVersion,
+    /// Speak HTTP/2 to it: prior knowledge for `http://` upstreams, required by ALPN for
+    /// `https://` ones. Every request (and open stream) then shares one connection per
+    /// upstream URL instead of taking one each.
+    #[serde(default)]
+    pub http2: bool,
     /// Method -> upstream path overrides.
     #[serde(default)]
     pub paths: BTreeMap<String, String>,

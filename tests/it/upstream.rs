@@ -109,3 +109,87 @@ async fn slow_partner_is_504() {
     assert_eq!(r.error(), (-32603, "upstream_timeout".into()));
     assert_eq!(partner.seen().len(), 1);
 }
+
+/// Issue 13: with `http2 = true` the gateway speaks HTTP/2 to an `http://` Partner (prior
+/// knowledge), and concurrent requests share one Partner connection instead of taking
+/// one each (a descriptor and its buffers per open stream).
+#[tokio::test]
+async fn http2_partner_shares_one_connection() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let versions: Arc<Mutex<Vec<http::Version>>> = Arc::default();
+    let (acc, seen) = (accepted.clone(), versions.clone());
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            acc.fetch_add(1, Ordering::SeqCst);
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(
+                    move |req: http::Request<hyper::body::Incoming>| {
+                        let seen = seen.clone();
+                        async move {
+                            seen.lock().unwrap().push(req.version());
+                            let body = req.into_body().collect().await.unwrap().to_bytes();
+                            let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                            // Held long enough for every request to be in flight at once.
+                            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                            let answer = format!(
+                                r#"{{"jsonrpc":"2.0","id":{},"result":{{"type":"task","status":{{"state":"completed"}}}}}}"#,
+                                v["id"]
+                            );
+                            Ok::<_, std::convert::Infallible>(
+                                http::Response::builder()
+                                    .header("content-type", "application/json")
+                                    .body(Full::new(bytes::Bytes::from(answer)))
+                                    .unwrap(),
+                            )
+                        }
+                    },
+                );
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    let pki = Pki::new();
+    let gw = start_gateway(&pki.config(
+        "",
+        &partner_block("h2", "/h2", &format!("http://{addr}"), "http2 = true"),
+    ))
+    .await;
+    let leader = pki.leader(LEADER_A, true);
+    let replies = futures_util::future::join_all((0..20).map(|i| {
+        let leader = &leader;
+        let gw = &gw;
+        async move {
+            leader
+                .post(
+                    gw.addr,
+                    "/h2/rpc",
+                    &rpc_start(&i.to_string(), LEADER_A, &format!("t{i}")),
+                )
+                .await
+                .unwrap()
+        }
+    }))
+    .await;
+    for (i, r) in replies.iter().enumerate() {
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["id"], i);
+    }
+    assert_eq!(versions.lock().unwrap().len(), 20);
+    assert!(versions
+        .lock()
+        .unwrap()
+        .iter()
+        .all(|v| *v == http::Version::HTTP_2));
+    assert_eq!(accepted.load(Ordering::SeqCst), 1, "one Partner connection");
+}
