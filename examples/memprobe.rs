@@ -56,9 +56,9 @@ struct Args {
     /// The gateway binary.
     #[arg(long, default_value = "target/release/aipgw")]
     gateway: PathBuf,
-    /// Extra TOML appended to the gateway's config (e.g. an allocator-independent knob).
-    #[arg(long, default_value = "")]
-    extra: String,
+    /// The gateway speaks HTTP/2 to the Partner (`[[partner]] http2 = true`).
+    #[arg(long)]
+    partner_http2: bool,
 }
 
 /// Event padding: each event is about this long.
@@ -74,7 +74,7 @@ fn event(id: &str, task: &str, seq: u64, state: &str) -> Bytes {
 
 /// The Partner: every request gets an event stream until `ending` is set, then a
 /// terminal event.
-async fn partner(listener: TcpListener, interval: Duration, ending: Arc<AtomicBool>) {
+async fn partner(listener: TcpListener, interval: Duration, ending: Arc<AtomicBool>, h2: bool) {
     loop {
         let Ok((tcp, _)) = listener.accept().await else {
             return;
@@ -124,9 +124,16 @@ async fn partner(listener: TcpListener, interval: Duration, ending: Arc<AtomicBo
                     )
                 }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(tcp), svc)
-                .await;
+            if h2 {
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .max_concurrent_streams(None)
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            } else {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            }
         });
     }
 }
@@ -149,17 +156,23 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// The gateway's `/metrics` text.
+async fn metrics_text(admin: SocketAddr) -> String {
+    let mut text = String::new();
+    if let Ok(mut tcp) = TcpStream::connect(admin).await {
+        let _ = tcp
+            .write_all(b"GET /metrics HTTP/1.0\r\nhost: localhost\r\n\r\n")
+            .await;
+        let _ = tcp.read_to_string(&mut text).await;
+    }
+    text
+}
+
 /// `name` from the gateway's `/metrics`.
 async fn metric(admin: SocketAddr, name: &str) -> f64 {
-    let Ok(mut tcp) = TcpStream::connect(admin).await else {
-        return f64::NAN;
-    };
-    let _ = tcp
-        .write_all(b"GET /metrics HTTP/1.0\r\nhost: localhost\r\n\r\n")
-        .await;
-    let mut text = String::new();
-    let _ = tcp.read_to_string(&mut text).await;
-    text.lines()
+    metrics_text(admin)
+        .await
+        .lines()
         .find_map(|l| {
             let (k, v) = l.rsplit_once(' ')?;
             (k == name).then(|| v.parse().ok()).flatten()
@@ -210,7 +223,12 @@ async fn main() -> anyhow::Result<()> {
     let ending = Arc::new(AtomicBool::new(false));
     let partner_listener = TcpListener::bind("127.0.0.1:0").await?;
     let partner_addr = partner_listener.local_addr()?;
-    tokio::spawn(partner(partner_listener, args.interval, ending.clone()));
+    tokio::spawn(partner(
+        partner_listener,
+        args.interval,
+        ending.clone(),
+        args.partner_http2,
+    ));
 
     let (port, admin_port) = (free_port(), free_port());
     let per_conn = args.streams.div_ceil(args.connections.max(1));
@@ -230,15 +248,15 @@ sweep_interval = "2s"
 level = "warn"
 [admin]
 bind = "127.0.0.1:{admin_port}"
-{extra}
 [[partner]]
 name = "p"
 prefix = "/p"
 upstreams = ["http://{partner_addr}"]
+http2 = {h2}
 "#,
         d = dir.path().display(),
         retention = args.retention.as_secs(),
-        extra = args.extra,
+        h2 = args.partner_http2,
     );
     std::fs::write(path("aipgw.toml"), config)?;
     let mut gw = std::process::Command::new(&args.gateway)
@@ -333,8 +351,20 @@ upstreams = ["http://{partner_addr}"]
         let _ = r.await;
     }
     probe.report("ended", idle, 0).await;
+    for line in metrics_text(admin).await.lines() {
+        if line.starts_with("aipgw_streams_ended_total")
+            || line.starts_with("aipgw_upstream_errors_total")
+        {
+            println!("        {line}");
+        }
+    }
     tokio::time::sleep(args.retention + Duration::from_secs(5)).await;
     probe.report("retained", idle, 0).await;
+    // Allocators give memory back on their own schedule (jemalloc's decay is 10 s).
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        probe.report("later", idle, 0).await;
+    }
     let after = rss_kib(probe.pid);
     println!(
         "after retention: {:.1} MiB, {:.2}x the idle {:.1} MiB; streams done {}/{}",

@@ -3,6 +3,14 @@
 //! Exit codes: 0 success; 1 a runtime failure, a failed `check`, or a certificate
 //! `inspect-cert` would reject; 64 (EX_USAGE) a usage or config error.
 
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+#[cfg(all(feature = "mimalloc", not(feature = "jemalloc")))]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::process::ExitCode;
 
 use aipgw::cli::{Cli, Command};

@@ -76,7 +76,7 @@ impl UpstreamPool {
             // for a stream, within `upstream.response_timeout`).
             builder
                 .http2_only(true)
-                .http2_adaptive_window(true)
+                .http2_initial_connection_window_size(u.http2_connection_window)
                 .http2_keep_alive_interval(u.pool_idle_timeout / 2)
                 .http2_keep_alive_while_idle(false);
         }

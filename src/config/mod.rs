@@ -94,6 +94,7 @@ pub struct UpstreamConfig {
     pub pool_max_idle_per_host: usize,
     pub body_idle_timeout: Duration,
     pub max_error_body_bytes: usize,
+    pub http2_connection_window: u32,
 }
 
 /// `[policy.tasks]`, validated.
@@ -257,6 +258,9 @@ impl Config {
                 bail!("{key}: must be at least 1");
             }
         }
+        if !(65_535..=(1 << 31) - 1).contains(&raw.upstream.http2_connection_window) {
+            bail!("upstream.http2_connection_window: must be between 65535 and 2^31-1 bytes");
+        }
         if raw.limits.max_body_bytes == 0 {
             bail!("limits.max_body_bytes: must be at least 1");
         }
@@ -392,6 +396,7 @@ impl Config {
                 pool_max_idle_per_host: raw.upstream.pool_max_idle_per_host,
                 body_idle_timeout: raw.upstream.body_idle_timeout,
                 max_error_body_bytes: raw.upstream.max_error_body_bytes,
+                http2_connection_window: raw.upstream.http2_connection_window,
             },
             stream: crate::sse::relay::StreamSettings {
                 keepalive_interval: raw.stream.keepalive_interval,

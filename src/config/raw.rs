@@ -315,6 +315,13 @@ pub struct RawUpstream {
     /// `upstream_bad_response`); a longer one is not a JSON-RPC response.
     #[serde(default = "default_error_body")]
     pub max_error_body_bytes: usize,
+    /// HTTP/2 Partners (`[[partner]] http2`): the connection's receive window, the most
+    /// its streams together may have in flight unread. It also sets how many small DATA
+    /// frames (SSE events) may wait to be read before the HTTP/2 library calls the
+    /// Partner abusive (half the window, counted per frame below 256 bytes), so it must
+    /// allow for a burst of events across every open stream.
+    #[serde(default = "default_h2_window")]
+    pub http2_connection_window: u32,
 }
 
 impl Default for RawUpstream {
@@ -326,6 +333,7 @@ impl Default for RawUpstream {
             pool_max_idle_per_host: default_pool_idle(),
             body_idle_timeout: d30s(),
             max_error_body_bytes: default_error_body(),
+            http2_connection_window: default_h2_window(),
         }
     }
 }
@@ -610,6 +618,9 @@ fn default_total_bytes() -> usize {
 }
 fn default_max_streams() -> usize {
     10_000
+}
+fn default_h2_window() -> u32 {
+    16 * 1024 * 1024
 }
 fn default_max_connections() -> usize {
     10_000
