@@ -56,6 +56,9 @@ struct Args {
     /// The gateway binary.
     #[arg(long, default_value = "target/release/aipgw")]
     gateway: PathBuf,
+    /// `policy.tasks.ttl` for the gateway (how long a task's owner is remembered).
+    #[arg(long, default_value = "24h")]
+    tasks_ttl: String,
     /// The gateway speaks HTTP/2 to the Partner (`[[partner]] http2 = true`).
     #[arg(long)]
     partner_http2: bool,
@@ -246,6 +249,8 @@ retention = "{retention}s"
 sweep_interval = "2s"
 [log]
 level = "warn"
+[policy.tasks]
+ttl = "{tasks_ttl}"
 [admin]
 bind = "127.0.0.1:{admin_port}"
 [[partner]]
@@ -257,6 +262,7 @@ http2 = {h2}
         d = dir.path().display(),
         retention = args.retention.as_secs(),
         h2 = args.partner_http2,
+        tasks_ttl = args.tasks_ttl,
     );
     std::fs::write(path("aipgw.toml"), config)?;
     let mut gw = std::process::Command::new(&args.gateway)
