@@ -40,6 +40,27 @@ pub fn raise() -> std::io::Result<NofileLimit> {
     })
 }
 
+/// At start: raises the limit, logs it, warns of Partners without a connection bound,
+/// and fails when `cfg`'s bounds do not fit.
+pub fn ensure(cfg: &Config) -> anyhow::Result<()> {
+    let limit =
+        raise().map_err(|e| anyhow::anyhow!("cannot read or raise the open-file limit: {e}"))?;
+    tracing::info!(
+        soft_before = limit.soft_before,
+        soft = limit.soft,
+        hard = limit.hard,
+        "open-file limit"
+    );
+    let need = need(cfg);
+    if !need.unbounded.is_empty() {
+        tracing::warn!(
+            partners = ?need.unbounded,
+            "Partners without [partner.limits] max_in_flight: their connections are bounded only by the Leaders' requests"
+        );
+    }
+    check(&need, &limit).map_err(anyhow::Error::msg)
+}
+
 /// What a configuration may hold open at once.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FdNeed {

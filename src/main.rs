@@ -126,22 +126,7 @@ async fn dispatch(command: Command, config: Option<Config>) -> Result<(), Failur
                 .source
                 .clone()
                 .map(|p| (p, cfg.reload_watch, cfg.reload_debounce));
-            let fds = aipgw::fdlimit::raise().map_err(|e| {
-                failed(anyhow::anyhow!(
-                    "cannot read or raise the open-file limit: {e}"
-                ))
-            })?;
-            tracing::info!(
-                soft_before = fds.soft_before,
-                soft = fds.soft,
-                hard = fds.hard,
-                "open-file limit"
-            );
-            let need = aipgw::fdlimit::need(&cfg);
-            if !need.unbounded.is_empty() {
-                tracing::warn!(partners = ?need.unbounded, "Partners without [partner.limits] max_in_flight: their connections are bounded only by the Leaders' requests");
-            }
-            aipgw::fdlimit::check(&need, &fds).map_err(|e| failed(anyhow::anyhow!(e)))?;
+            aipgw::fdlimit::ensure(&cfg).map_err(failed)?;
             let gateway = aipgw::Gateway::new(cfg).map_err(usage)?;
             let listener = TcpListener::bind(bind)
                 .await

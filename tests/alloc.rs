@@ -1,10 +1,7 @@
 //! The allowed path of the policy and limiter checks allocates nothing (issue 4's goal),
 //! nor does the per-request snapshot load and verdict read (issue 8), counted by a global
 //! allocator in this test binary of its own.
-#![allow(unsafe_code, missing_docs)] // a counting global allocator needs `unsafe impl`
-
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+#![allow(missing_docs)]
 
 use aipgw::config::Config;
 use aipgw::identity::Aic;
@@ -12,31 +9,14 @@ use aipgw::jsonrpc::{Command, Method};
 use aipgw::policy::tasks::{check_task, MemoryTaskOwners, TaskOwners};
 use aipgw::ratelimit::{GovernorLimiter, Limiter};
 
-struct Counting;
-
-thread_local! {
-    // Per thread: other threads (the test harness, the rate-limit clock's upkeep thread)
-    // may allocate at any time; what matters is the thread running the checks. A `const`
-    // thread-local needs no allocation of its own.
-    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-fn allocations() -> usize {
-    ALLOCATIONS.with(Cell::get)
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+// Per thread: other threads (the test harness, the rate-limit clock's upkeep thread) may
+// allocate at any time; what matters is the thread running the checks.
+#[path = "common/counting.rs"]
+mod counting;
+use counting::allocations;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: counting::Counting = counting::Counting;
 
 #[path = "common/per_request.rs"]
 mod per_request;

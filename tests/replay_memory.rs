@@ -1,10 +1,8 @@
 //! What the replay buffer really holds, measured by a global allocator that counts live
 //! heap bytes (issue 13): a buffered event costs about its own bytes, however large the
 //! read buffer it arrived in, and `replay_buffer_bytes` is the memory held.
-#![allow(unsafe_code, missing_docs)] // a counting global allocator needs `unsafe impl`
+#![allow(missing_docs)]
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,35 +11,13 @@ use aipgw::sse::memory::{MemoryStore, ReplayLimits};
 use aipgw::sse::replay::{Entry, ReplayStore, StreamEnd, StreamKey, StreamMeta, StreamRecord};
 use bytes::BytesMut;
 
-struct Counting;
-
-thread_local! {
-    // Per thread, so the harness's own threads do not disturb the count; everything
-    // measured here allocates and frees on the test's thread.
-    static LIVE: Cell<isize> = const { Cell::new(0) };
-}
-
-fn live() -> isize {
-    LIVE.with(Cell::get)
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = LIVE.try_with(|c| c.set(c.get() + layout.size() as isize));
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        let _ = LIVE.try_with(|c| c.set(c.get() - layout.size() as isize));
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new: usize) -> *mut u8 {
-        let _ = LIVE.try_with(|c| c.set(c.get() + new as isize - layout.size() as isize));
-        unsafe { System.realloc(ptr, layout, new) }
-    }
-}
+// Everything measured here allocates and frees on the test's thread.
+#[path = "common/counting.rs"]
+mod counting;
+use counting::live;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: counting::Counting = counting::Counting;
 
 const EVENT: usize = 150;
 const READ_BUFFER: usize = 8192;

@@ -359,7 +359,9 @@ pub struct RawPartner {
     pub aip_version: AipVersion,
     /// Speak HTTP/2 to it: prior knowledge for `http://` upstreams, required by ALPN for
     /// `https://` ones. Every request (and open stream) then shares one connection per
-    /// upstream URL instead of taking one each.
+    /// upstream URL instead of taking one each; while requests are open on it, it is
+    /// pinged every `upstream.pool_idle_timeout / 2` and closed when a ping goes
+    /// unanswered for 20 s (hyper's default).
     #[serde(default)]
     pub http2: bool,
     /// Method -> upstream path overrides.

@@ -152,13 +152,18 @@ impl Inner {
         }
     }
 
+    /// Drops queue pairs whose entry is gone or was queued again since.
+    fn drop_stale_order(&mut self) {
+        let map = &self.map;
+        self.order
+            .retain(|(h, s)| map.get(h).is_some_and(|e| e.stamp == *s));
+    }
+
     /// Drops expired entries at the old end, then the oldest unused ones until there is
     /// room for one more (a used one is queued again, once).
     fn make_room(&mut self, cap: usize, now: Instant) {
         if self.order.len() > 2 * self.map.len() + 16 {
-            let map = &self.map;
-            self.order
-                .retain(|(h, s)| map.get(h).is_some_and(|e| e.stamp == *s));
+            self.drop_stale_order();
         }
         while let Some(&(h, stamp)) = self.order.front() {
             let full = self.map.len() >= cap;
@@ -245,10 +250,7 @@ impl TaskOwners for MemoryTaskOwners {
         let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let inner = &mut *guard;
         inner.map.retain(|_, e| e.expires > now);
-        let map = &inner.map;
-        inner
-            .order
-            .retain(|(h, s)| map.get(h).is_some_and(|e| e.stamp == *s));
+        inner.drop_stale_order();
         if inner.map.capacity() > 4 * inner.map.len().max(16) {
             inner.map.shrink_to_fit();
             inner.order.shrink_to_fit();

@@ -77,6 +77,15 @@ struct Index {
     next_id: u64,
 }
 
+impl Index {
+    /// Drops creation-order ids whose record left the index or was replaced.
+    fn drop_stale_opened(&mut self) {
+        let map = &self.map;
+        self.opened
+            .retain(|(k, i)| map.get(k).is_some_and(|r| r.id == *i));
+    }
+}
+
 struct Shared {
     limits: ReplayLimits,
     totals: Totals,
@@ -116,15 +125,18 @@ impl LogState {
         self.blocks.bytes() + self.entries.capacity() * std::mem::size_of::<Slot>()
     }
 
-    /// Removes the oldest entry (and the block it was the last one of).
-    fn pop_front(&mut self) -> Option<()> {
-        let seq = self.entries.pop_front()?.seq();
+    /// Removes the oldest entry (and the block it was the last one of); false when
+    /// there is none.
+    fn pop_front(&mut self) -> bool {
+        let Some(seq) = self.entries.pop_front().map(|s| s.seq()) else {
+            return false;
+        };
         self.base_pos += 1;
         self.blocks.release_before(self.base_pos);
         if seq != NO_SEQ {
             self.evicted_through = Some(self.evicted_through.map_or(seq, |x| x.max(seq)));
         }
-        Some(())
+        true
     }
 
     /// The lowest `eventSeq` still held.
@@ -263,14 +275,7 @@ impl ReplayStore for MemoryStore {
         });
         // Keep the creation-order queue from growing with stale ids.
         if index.opened.len() > 2 * sh.limits.max_streams {
-            let map = &index.map;
-            let live: VecDeque<_> = index
-                .opened
-                .iter()
-                .filter(|(k, i)| map.get(k).is_some_and(|r| r.id == *i))
-                .cloned()
-                .collect();
-            index.opened = live;
+            index.drop_stale_opened();
         }
         index.opened.push_back((key.clone(), id));
         index.map.insert(key, record.clone());
@@ -291,21 +296,16 @@ impl ReplayStore for MemoryStore {
         self.shared.expire(&mut index, Instant::now());
         // Let the index shrink after a burst: stale creation-order ids go, and tables
         // far larger than what they hold are reallocated.
-        let Index {
-            map,
-            opened,
-            finished,
-            ..
-        } = &mut *index;
-        opened.retain(|(k, i)| map.get(k).is_some_and(|r| r.id == *i));
-        if map.capacity() > 4 * map.len().max(16) {
-            map.shrink_to_fit();
+        index.drop_stale_opened();
+        let oversized = |cap: usize, len: usize| cap > 4 * len.max(16);
+        if oversized(index.map.capacity(), index.map.len()) {
+            index.map.shrink_to_fit();
         }
-        if opened.capacity() > 4 * opened.len().max(16) {
-            opened.shrink_to_fit();
+        if oversized(index.opened.capacity(), index.opened.len()) {
+            index.opened.shrink_to_fit();
         }
-        if finished.capacity() > 4 * finished.len().max(16) {
-            finished.shrink_to_fit();
+        if oversized(index.finished.capacity(), index.finished.len()) {
+            index.finished.shrink_to_fit();
         }
     }
 
@@ -331,7 +331,7 @@ impl MemRecord {
         let sh = self.totals();
         let mut st = lock(&self.state);
         let before = st.held();
-        if st.pop_front().is_none() {
+        if !st.pop_front() {
             return false;
         }
         if let Some(sh) = sh {
