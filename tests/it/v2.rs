@@ -573,3 +573,46 @@ async fn a_failed_stream_can_just_close() {
     )
     .await;
 }
+
+/// The dotted check over time: a reload that makes it `required` refuses the next request
+/// of an unverified dotted Leader on its open HTTP/2 connection, on a new connection and
+/// on a resumed TLS session; a reload that adds the registrar's salt lets the same connection in again,
+/// now verified.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reloaded_dotted_check_applies_to_open_and_resumed_connections() {
+    let pki = Pki::new();
+    let partner = TestPartner::start(Behaviour::Echo).await;
+    let block = partner_block("p", "/p", &partner.url(), "");
+    let path = pki.write("aipgw.toml", &pki.config("", &block));
+    let gw = start_gateway_from_file(&path).await;
+    let leader = Leader::new(&pki, Some(&pki.issue(&CertSpec::leader_v2(DOTTED))), true);
+    let (mut open, _) = leader.h2_connection(gw.addr).await;
+    let body = |id: &str| rpc_start(&format!("\"{id}\""), DOTTED, "t");
+    assert_eq!(send_on(&mut open, "/p/rpc", &body("1")).await.status, 200);
+
+    let required = "[identity]\ndotted_check = \"required\"\n";
+    replace_file(&path, &pki.config("", &format!("{required}{block}")));
+    wait_reloads(&gw, "ok", 1).await;
+    let r = send_on(&mut open, "/p/rpc", &body("2")).await;
+    assert_eq!(r.status, 401, "open connection: {}", r.text());
+    assert_eq!(r.error(), (-32010, "unverified_check_code".into()));
+    assert_eq!(r.json()["id"], "2");
+    // A reload starts a new TLS session store: a session from before it is not resumed.
+    let (mut again, resumed) = leader.h2_connection(gw.addr).await;
+    assert!(!resumed, "a session from before the reload is not resumed");
+    let r = send_on(&mut again, "/p/rpc", &body("3")).await;
+    assert_eq!(r.status, 401, "new connection: {}", r.text());
+    assert_eq!(r.error(), (-32010, "unverified_check_code".into()));
+    // A session issued since resumes, and is judged the same.
+    let (mut third, resumed) = leader.h2_connection(gw.addr).await;
+    assert!(resumed, "the third handshake resumes the session");
+    let r = send_on(&mut third, "/p/rpc", &body("3b")).await;
+    assert_eq!(r.status, 401, "resumed session: {}", r.text());
+    assert_eq!(r.error(), (-32010, "unverified_check_code".into()));
+
+    let salted = format!("{required}[identity.registrar_salts]\n\"1\" = \"1234\"\n");
+    replace_file(&path, &pki.config("", &format!("{salted}{block}")));
+    wait_reloads(&gw, "ok", 2).await;
+    assert_eq!(send_on(&mut open, "/p/rpc", &body("4")).await.status, 200);
+    assert_eq!(partner.seen().len(), 2, "only the two admitted requests");
+}
