@@ -321,6 +321,10 @@ pub fn write_dev_certs(dir: &Path) -> anyhow::Result<()> {
         write(&format!("{name}.pem"), &issued.cert_pem)?;
         write(&format!("{name}.key"), &issued.key_pem)?;
     }
+    // A second certificate of the v2 Leader, revoked by the CA's CRL.
+    let revoked = ca.issue(&CertSpec::leader_v2(DEV_LEADER_V2_AIC))?;
+    write("leader-revoked.pem", &revoked.cert_pem)?;
+    write("leader-revoked.key", &revoked.key_pem)?;
     // A v2.1-profile Leader with a dotted AIC, issued through an intermediate; its PEM
     // holds the leaf and the intermediate, as the reference client sends them.
     let intermediate = ca.intermediate("aipgw DEVELOPMENT intermediate CA - do not trust")?;
@@ -333,5 +337,17 @@ pub fn write_dev_certs(dir: &Path) -> anyhow::Result<()> {
         &format!("{}{}", issued.cert_pem, intermediate.cert_pem()),
     )?;
     write("leader-dotted.key", &issued.key_pem)?;
+    // One CRL per issuer, both in crl.pem, valid as long as the certificates: with CRLs
+    // configured, a certificate whose issuer has none is refused (unknown status).
+    let now = OffsetDateTime::now_utc();
+    let until = now + Duration::days(3650);
+    write(
+        "crl.pem",
+        &format!(
+            "{}{}",
+            ca.crl(&[revoked.serial], now, until)?,
+            intermediate.crl(&[], now, until)?
+        ),
+    )?;
     Ok(())
 }

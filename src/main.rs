@@ -61,10 +61,12 @@ fn main() -> ExitCode {
         .as_ref()
         .is_some_and(|c| c.log_format == aipgw::config::raw::LogFormat::Json);
     init_tracing(&level, json);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    if let Some(n) = config.as_ref().map(|c| c.worker_threads).filter(|&n| n > 0) {
+        builder.worker_threads(n);
+    }
+    let runtime = match builder.build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("aipgw: cannot start the runtime: {e}");

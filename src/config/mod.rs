@@ -52,6 +52,8 @@ pub struct Config {
     pub log_level: String,
     /// Log format.
     pub log_format: raw::LogFormat,
+    /// Worker threads (`0`: one per CPU the process may run on); read at start only.
+    pub worker_threads: usize,
     /// Watch files for hot reload.
     pub reload_watch: bool,
     /// Reload debounce.
@@ -82,6 +84,7 @@ pub struct ListenerConfig {
     pub max_handshakes_per_ip: usize,
     pub drain_timeout: Duration,
     pub error_status: raw::ErrorStatus,
+    pub tls_session_cache: usize,
 }
 
 /// `[upstream]`, validated. Field meanings and defaults: see [`raw::RawUpstream`].
@@ -287,6 +290,7 @@ impl Config {
             max_handshakes_per_ip: l.max_handshakes_per_ip,
             drain_timeout: l.drain_timeout,
             error_status: l.error_status,
+            tls_session_cache: l.tls_session_cache,
         };
         let mut salts = std::collections::HashMap::new();
         for (registrar, hex) in &raw.identity.registrar_salts.0 {
@@ -424,6 +428,7 @@ impl Config {
             reload_watch: raw.reload.watch,
             reload_debounce: raw.reload.debounce,
             log_format: raw.log.format,
+            worker_threads: raw.runtime.worker_threads,
             policy,
             tasks,
             ratelimit: RateLimitSettings {

@@ -48,6 +48,19 @@ pub struct RawConfig {
     /// The Partners.
     #[serde(default, rename = "partner")]
     pub partners: Vec<RawPartner>,
+    /// The process's worker threads.
+    #[serde(default)]
+    pub runtime: RawRuntime,
+}
+
+/// `[runtime]`: read once at start (a reload does not change it).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRuntime {
+    /// Worker threads serving connections; `0` (the default) means one per CPU the
+    /// process may run on (its affinity mask, so `taskset -c 1 aipgw` runs one).
+    #[serde(default)]
+    pub worker_threads: usize,
 }
 
 /// `[stream]`
@@ -236,6 +249,10 @@ pub struct RawListener {
     /// The HTTP status of the gateway's JSON-RPC errors: `mapped` or `ok` (200).
     #[serde(default)]
     pub error_status: ErrorStatus,
+    /// TLS sessions remembered for resumption (TLS 1.3 tickets naming a server-side
+    /// session); `0` turns resumption off, so every new connection is a full handshake.
+    #[serde(default = "default_tls_session_cache")]
+    pub tls_session_cache: usize,
 }
 
 /// `[identity]`
@@ -635,6 +652,9 @@ fn default_suffix() -> String {
 }
 fn default_max_body() -> usize {
     1024 * 1024
+}
+fn default_tls_session_cache() -> usize {
+    256
 }
 fn default_pool_idle() -> usize {
     64

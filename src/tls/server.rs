@@ -127,6 +127,12 @@ pub fn build(l: &ListenerConfig, rules: AicRules) -> anyhow::Result<ServerTls> {
         .with_single_cert(certs, key)
         .context("listener.cert/listener.key: the key does not match the certificate")?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    if l.tls_session_cache == 0 {
+        config.send_tls13_tickets = 0;
+        config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    } else {
+        config.session_storage = rustls::server::ServerSessionMemoryCache::new(l.tls_session_cache);
+    }
     Ok(ServerTls {
         config: Arc::new(config),
         trust,

@@ -1,0 +1,405 @@
+#!/usr/bin/env python3
+"""The load comparison: aipgw beside NGINX, HAProxy and a bare tokio + hyper + rustls
+proxy, on the same mutual-TLS 1.3 traffic (client certificate and CRL checked by every
+proxy), each proxy on one worker pinned to one core, oha and the static backend on the
+other. Rounds alternate the order; each proxy's CPU time is read from /proc.
+
+    benches/load/run.py --http1 --http2 --handshake --resume --sse [--rounds 3] [--duration 10]
+
+Modes: --http1 (keep-alive), --http2, --handshake (a new connection per request, full
+handshakes: resumption off on every proxy), --resume (a new connection per request,
+TLS 1.3 resumption on), --sse (events per CPU-second through `stream` answers of
+--events events each). Without a mode, --http1 and --http2.
+
+--gateway LABEL=PATH (repeatable) measures other aipgw binaries beside the default one
+(e.g. allocator builds); --only NAMES limits the proxies (aipgw,nginx,haproxy,bare).
+
+Needs oha (`cargo install oha --locked`), nginx and haproxy (`apt-get install -y
+nginx-light haproxy`), and taskset; `--install` installs what is missing. Figures go in
+benches/README.md ("Load comparison") with the date and the machine.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RELEASE = ROOT / "target" / "release"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PROXY_CPU = "1"
+LOAD_CPU = "0"
+
+# A ~400-byte AIP v01.00 `rpc` (the backend answers id 1).
+RPC_BODY = (
+    '{"jsonrpc":"2.0","method":"rpc","id":1,"params":{"message":{"type":"message",'
+    '"id":"m-load-0001","sentAt":"2026-11-21T10:00:00+08:00","senderRole":"leader",'
+    '"senderId":"10001000011K912345E789ABCDEF2353","command":"start","dataItems":'
+    '[{"type":"text","text":"Plan a three-day trip to the coast for two adults, '
+    'trains only, mid-range hotels."}],"taskId":"task-load-0001","sessionId":"session-load-01"}}}'
+)
+STREAM_BODY = (
+    '{"jsonrpc":"2.0","method":"stream","id":1,"params":{"message":{"type":"message",'
+    '"id":"m-load-0002","sentAt":"2026-11-21T10:00:00+08:00","senderRole":"leader",'
+    '"senderId":"10001000011K912345E789ABCDEF2353","command":"start","taskId":'
+    '"task-load-stream","sessionId":"session-load-01"}}}'
+)
+
+
+def die(msg):
+    print(f"load: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def find_oha():
+    for cand in [shutil.which("oha"), str(Path.home() / ".cargo/bin/oha")]:
+        if cand and Path(cand).exists():
+            return cand
+    return None
+
+
+def ensure_tools(install):
+    missing = []
+    if not find_oha():
+        missing.append(("oha", ["cargo", "install", "oha", "--locked"]))
+    for tool, pkg in [("nginx", "nginx-light"), ("haproxy", "haproxy")]:
+        if not shutil.which(tool) and not Path(f"/usr/sbin/{tool}").exists():
+            missing.append((tool, ["apt-get", "install", "-y", pkg]))
+    if not shutil.which("taskset"):
+        missing.append(("taskset", ["apt-get", "install", "-y", "util-linux"]))
+    for tool, cmd in missing:
+        if not install:
+            die(f"{tool} is missing: {' '.join(cmd)} (or run with --install)")
+        print(f"load: installing {tool}: {' '.join(cmd)}", file=sys.stderr)
+        subprocess.run(cmd, check=True)
+
+
+def tool(name):
+    return shutil.which(name) or f"/usr/sbin/{name}"
+
+
+def free_port():
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Proc:
+    """A started server, pinned to a core; `cpu()` is its user+system seconds."""
+
+    def __init__(self, name, argv, cpu, log_dir, wait_port=None, stdin=None):
+        self.name = name
+        log = open(log_dir / f"{name}.log", "w")
+        self.p = subprocess.Popen(
+            ["taskset", "-c", cpu] + argv,
+            stdout=subprocess.PIPE if wait_port is None else log,
+            stderr=log,
+            stdin=stdin,
+            text=True,
+        )
+        self.port = wait_port
+        if wait_port is None:
+            line = self.p.stdout.readline()
+            if "listening on" not in line:
+                die(f"{name} did not start (see {log_dir / (name + '.log')})")
+            self.port = int(line.rsplit(":", 1)[1])
+        else:
+            wait_listening(wait_port, name, log_dir)
+
+    def cpu(self):
+        fields = Path(f"/proc/{self.p.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(5)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+
+
+def wait_listening(port, name, log_dir):
+    import socket
+
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    die(f"{name} is not listening on {port} (see {log_dir / (name + '.log')})")
+
+
+def aipgw_config(d, port, backend, resumption):
+    path = d / f"aipgw-{port}.toml"
+    path.write_text(
+        f"""
+[listener]
+bind = "127.0.0.1:{port}"
+cert = "{d}/gateway.pem"
+key = "{d}/gateway.key"
+client_ca = ["{d}/ca.pem"]
+crl = ["{d}/crl.pem"]
+tls_session_cache = {256 if resumption else 0}
+max_connections = 10000
+
+[runtime]
+worker_threads = 1
+
+[log]
+level = "warn"
+
+[reload]
+watch = false
+
+[admin]
+bind = "127.0.0.1:{free_port()}"
+
+[[partner]]
+name = "load"
+prefix = "/aip"
+upstreams = ["http://127.0.0.1:{backend}"]
+"""
+    )
+    return path
+
+
+def nginx_config(d, port, backend, resumption):
+    path = d / f"nginx-{port}.conf"
+    sessions = (
+        "ssl_session_cache shared:SSL:10m; ssl_session_tickets on;"
+        if resumption
+        else "ssl_session_cache off; ssl_session_tickets off;"
+    )
+    path.write_text(
+        f"""
+worker_processes 1;
+master_process off;
+daemon off;
+pid {d}/nginx-{port}.pid;
+error_log {d}/nginx-error.log warn;
+events {{ worker_connections 10000; }}
+http {{
+    access_log off;
+    # nginx closes a client connection after 1,000 requests by default (HTTP/1.1 and
+    # HTTP/2), which the other proxies never do: lift it, upstream too.
+    keepalive_requests 1000000;
+    client_body_temp_path {d}/nginx-body;
+    proxy_temp_path {d}/nginx-proxy;
+    upstream backend {{ server 127.0.0.1:{backend}; keepalive 64; keepalive_requests 1000000; }}
+    server {{
+        listen 127.0.0.1:{port} ssl http2;
+        ssl_protocols TLSv1.3;
+        ssl_certificate {d}/gateway.pem;
+        ssl_certificate_key {d}/gateway.key;
+        ssl_client_certificate {d}/ca.pem;
+        ssl_verify_client on;
+        ssl_crl {d}/crl.pem;
+        {sessions}
+        location / {{
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+    }}
+}}
+"""
+    )
+    return path
+
+
+def haproxy_config(d, port, backend, resumption):
+    path = d / f"haproxy-{port}.cfg"
+    crt = d / "gateway-haproxy.pem"
+    crt.write_text((d / "gateway.pem").read_text() + (d / "gateway.key").read_text())
+    tickets = "" if resumption else " no-tls-tickets"
+    cache = "" if resumption else "    tune.ssl.cachesize 0\n"
+    path.write_text(
+        f"""
+global
+    nbthread 1
+    maxconn 4096
+{cache}
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+    option http-keep-alive
+    http-reuse always
+
+frontend fe
+    bind 127.0.0.1:{port} ssl crt {crt} ca-file {d}/ca.pem verify required crl-file {d}/crl.pem ssl-min-ver TLSv1.3 alpn h2,http/1.1{tickets}
+    default_backend be
+
+backend be
+    server s1 127.0.0.1:{backend}
+"""
+    )
+    return path
+
+
+def start_proxy(name, binary, d, backend, resumption):
+    port = free_port()
+    if name == "nginx":
+        argv = [tool("nginx"), "-c", str(nginx_config(d, port, backend, resumption))]
+        return Proc(name, argv, PROXY_CPU, d, wait_port=port)
+    if name == "haproxy":
+        argv = [tool("haproxy"), "-db", "-f", str(haproxy_config(d, port, backend, resumption))]
+        return Proc(name, argv, PROXY_CPU, d, wait_port=port)
+    if name == "bare":
+        argv = [
+            str(RELEASE / "examples" / "bare_proxy"),
+            "--listen", f"127.0.0.1:{port}",
+            "--backend", f"http://127.0.0.1:{backend}",
+            "--cert", str(d / "gateway.pem"), "--key", str(d / "gateway.key"),
+            "--ca", str(d / "ca.pem"), "--crl", str(d / "crl.pem"),
+        ] + ([] if resumption else ["--no-resumption"])
+        return Proc(name, argv, PROXY_CPU, d)
+    argv = [binary, "run", "--config", str(aipgw_config(d, port, backend, resumption))]
+    return Proc(name, argv, PROXY_CPU, d, wait_port=port)
+
+
+def oha(d, port, mode, duration, conns):
+    body = d / ("stream.json" if mode == "sse" else "rpc.json")
+    argv = [
+        "taskset", "-c", LOAD_CPU, find_oha(), "--no-tui", "--output-format", "json",
+        "-z", f"{duration}s", "-m", "POST", "-T", "application/json", "-D", str(body),
+        "--cacert", str(d / "ca.pem"), "--cert", str(d / "leader-v1.pem"),
+        "--key", str(d / "leader-v1.key"),
+    ]
+    if mode == "http2":
+        argv += ["--http2", "-c", str(max(1, conns // 8)), "-p", "8"]
+    elif mode in ("handshake", "resume"):
+        argv += ["--disable-keepalive", "-c", str(conns)]
+    elif mode == "sse":
+        argv += ["-c", "1"]
+    else:
+        argv += ["-c", str(conns)]
+    path = "/aip/stream" if mode == "sse" else "/aip/rpc"
+    argv.append(f"https://127.0.0.1:{port}{path}")
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def measure(proxy, d, mode, duration, conns):
+    before = proxy.cpu()
+    result = oha(d, proxy.port, mode, duration, conns)
+    cpu = proxy.cpu() - before
+    summary = result["summary"]
+    codes = result.get("statusCodeDistribution", {})
+    ok = sum(v for k, v in codes.items() if k.startswith("2"))
+    total = sum(codes.values())
+    # Requests cut by oha's own deadline at the end of the run are not the proxy's errors.
+    errors = sum(v for k, v in result.get("errorDistribution", {}).items() if "deadline" not in k)
+    pct = result.get("latencyPercentiles", {})
+    return {
+        "ok": ok,
+        "bad": total - ok + errors,
+        "rps": ok / summary["total"],
+        "cpu": cpu,
+        "p50": (pct.get("p50") or 0) * 1000,
+        "p99": (pct.get("p99") or 0) * 1000,
+    }
+
+
+def run_mode(mode, proxies, d, backend, args):
+    resumption = mode != "handshake"
+    rows = {name: [] for name, _ in proxies}
+    started = {}
+    try:
+        for name, binary in proxies:
+            started[name] = start_proxy(name, binary, d, backend, resumption)
+        for name, _ in proxies:  # warm up: pools, TLS caches, page faults
+            measure(started[name], d, mode, 2, args.connections)
+        for r in range(args.rounds):
+            order = proxies[r % len(proxies):] + proxies[: r % len(proxies)]
+            for name, _ in order:
+                rows[name].append(measure(started[name], d, mode, args.duration, args.connections))
+    finally:
+        for p in started.values():
+            p.stop()
+    return rows
+
+
+def median(rows, key):
+    return statistics.median(r[key] for r in rows)
+
+
+def report(mode, rows, events):
+    unit = "events" if mode == "sse" else "req"
+    scale = events if mode == "sse" else 1
+    print(f"\n## {mode}\n")
+    print(f"| proxy | {unit}/s | proxy CPU s | {unit} per CPU-second | p50 ms | p99 ms | non-2xx or errors |")
+    print("|---|---|---|---|---|---|---|")
+    per_cpu = {}
+    for name, rs in rows.items():
+        eff = [r["ok"] * scale / r["cpu"] if r["cpu"] else 0 for r in rs]
+        per_cpu[name] = statistics.median(eff)
+        print(
+            f"| {name} | {median(rs, 'rps') * scale:,.0f} | {median(rs, 'cpu'):.2f} | "
+            f"{per_cpu[name]:,.0f} | {median(rs, 'p50'):.2f} | {median(rs, 'p99'):.2f} | "
+            f"{sum(r['bad'] for r in rs)} |"
+        )
+    gateways = [n for n in per_cpu if n not in ("nginx", "haproxy", "bare")]
+    others = [n for n in ("nginx", "haproxy", "bare") if n in per_cpu and per_cpu[n]]
+    for g in gateways:
+        ratios = ", ".join(f"{per_cpu[g] / per_cpu[o]:.2f}x {o}" for o in others)
+        if ratios:
+            print(f"\n{g} per CPU-second: {ratios}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for m in ("http1", "http2", "handshake", "resume", "sse"):
+        ap.add_argument(f"--{m}", action="store_true")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--duration", type=int, default=10, help="seconds per run")
+    ap.add_argument("--connections", type=int, default=32)
+    ap.add_argument("--events", type=int, default=1000, help="events per stream (--sse)")
+    ap.add_argument("--gateway", action="append", default=[], help="LABEL=PATH of another aipgw binary")
+    ap.add_argument("--only", default="aipgw,nginx,haproxy,bare")
+    ap.add_argument("--no-build", action="store_true")
+    ap.add_argument("--install", action="store_true")
+    args = ap.parse_args()
+    modes = [m for m in ("http1", "http2", "handshake", "resume", "sse") if getattr(args, m)]
+    modes = modes or ["http1", "http2"]
+    ensure_tools(args.install)
+    if not args.no_build:
+        subprocess.run(
+            ["cargo", "build", "--release", "--bin", "aipgw", "--example", "bare_proxy", "--example", "load_backend"],
+            cwd=ROOT, check=True,
+        )
+    only = args.only.split(",")
+    proxies = [(n, str(RELEASE / "aipgw") if n == "aipgw" else None) for n in only]
+    proxies += [tuple(g.split("=", 1)) for g in args.gateway]
+    with tempfile.TemporaryDirectory(prefix="aipgw-load-") as tmp:
+        d = Path(tmp)
+        subprocess.run([str(RELEASE / "aipgw"), "dev-certs", "--out", str(d)], check=True, capture_output=True)
+        (d / "rpc.json").write_text(RPC_BODY)
+        (d / "stream.json").write_text(STREAM_BODY)
+        backend = Proc("backend", [str(RELEASE / "examples" / "load_backend"), "--events", str(args.events)], LOAD_CPU, d)
+        print(f"# load comparison, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs; proxies on CPU {PROXY_CPU}, "
+              f"oha and the backend on CPU {LOAD_CPU}; {args.rounds} rounds of {args.duration} s, medians")
+        try:
+            for mode in modes:
+                report(mode, run_mode(mode, proxies, d, backend.port, args), args.events)
+        finally:
+            backend.stop()
+
+
+if __name__ == "__main__":
+    main()
