@@ -64,6 +64,32 @@ pub struct ConnInfo {
     pub identity: ConnIdentity,
     /// TLS SNI, when sent.
     pub sni: Option<String>,
+    /// `x-forwarded-for` and `forwarded` for the Partner, made once per connection.
+    forwarded: [HeaderValue; 2],
+}
+
+impl ConnInfo {
+    /// A connection's facts, and the header values made from them.
+    pub fn new(peer: SocketAddr, identity: ConnIdentity, sni: Option<String>) -> ConnInfo {
+        ConnInfo {
+            peer,
+            identity,
+            sni,
+            forwarded: forwarded_values(peer),
+        }
+    }
+}
+
+/// `x-forwarded-for` and `forwarded` (RFC 7239: an IPv6 address bracketed and quoted)
+/// naming `peer`.
+fn forwarded_values(peer: SocketAddr) -> [HeaderValue; 2] {
+    let ip = peer.ip();
+    let forwarded = match ip {
+        std::net::IpAddr::V4(v4) => format!("for={v4};proto=https"),
+        std::net::IpAddr::V6(v6) => format!("for=\"[{v6}]\";proto=https"),
+    };
+    let value = |s: &str| HeaderValue::from_str(s).unwrap_or(HeaderValue::from_static(""));
+    [value(&ip.to_string()), value(&forwarded)]
 }
 
 type Failure = (GatewayError, RpcId);
@@ -276,7 +302,7 @@ async fn pipeline(
         _ => None,
     };
 
-    let mut headers = upstream_headers(&parts.headers, &identity, conn.peer);
+    let mut headers = upstream_headers(&parts.headers, &identity, &conn.forwarded);
     if let Some(trace) = &log.trace {
         trace.apply(&mut headers);
     }
@@ -589,20 +615,19 @@ fn gateway_owned(name: &HeaderName) -> bool {
 /// client claims about its identity or the path it came by, plus the verified identity
 /// and the gateway's own view of the hop (`x-forwarded-for`, `x-forwarded-proto` and an
 /// equivalent `Forwarded`). A client `x-request-id` worth keeping is passed separately.
-pub fn upstream_headers(src: &HeaderMap, identity: &PeerIdentity, peer: SocketAddr) -> HeaderMap {
+pub fn upstream_headers(
+    src: &HeaderMap,
+    identity: &PeerIdentity,
+    forwarded: &[HeaderValue; 2],
+) -> HeaderMap {
     let mut out = copy_end_to_end(src, gateway_owned);
-    let value = |s: &str| HeaderValue::from_str(s).unwrap_or(HeaderValue::from_static(""));
-    out.insert(CLIENT_AIC_HEADER, value(identity.aic.as_str()));
-    out.insert(CLIENT_CERT_HEADER, value(&identity.cert_sha256));
-    let ip = peer.ip();
-    out.insert("x-forwarded-for", value(&ip.to_string()));
+    let [aic, cert] = &identity.headers;
+    out.insert(CLIENT_AIC_HEADER, aic.clone());
+    out.insert(CLIENT_CERT_HEADER, cert.clone());
+    let [forwarded_for, forwarded] = forwarded;
+    out.insert("x-forwarded-for", forwarded_for.clone());
     out.insert("x-forwarded-proto", HeaderValue::from_static("https"));
-    // RFC 7239: an IPv6 address is bracketed and quoted.
-    let forwarded = match ip {
-        std::net::IpAddr::V4(v4) => format!("for={v4};proto=https"),
-        std::net::IpAddr::V6(v6) => format!("for=\"[{v6}]\";proto=https"),
-    };
-    out.insert(header::FORWARDED, value(&forwarded));
+    out.insert(header::FORWARDED, forwarded.clone());
     out
 }
 
@@ -655,12 +680,12 @@ mod tests {
         h.insert("te", "trailers".parse().unwrap());
         h.insert("content-type", "application/json".parse().unwrap());
         h.insert("traceparent", "00-abc-def-01".parse().unwrap());
-        let id = PeerIdentity {
-            aic: Aic::parse("10001000011K912345E789ABCDEF2353").unwrap(),
-            check: crate::identity::AicCheck::Verified,
-            cert_sha256: "ab".repeat(32),
-        };
-        let out = upstream_headers(&h, &id, "127.0.0.9:5".parse().unwrap());
+        let id = PeerIdentity::new(
+            Aic::parse("10001000011K912345E789ABCDEF2353").unwrap(),
+            crate::identity::AicCheck::Verified,
+            "ab".repeat(32),
+        );
+        let out = upstream_headers(&h, &id, &forwarded_values("127.0.0.9:5".parse().unwrap()));
         assert_eq!(out["x-aip-client-aic"], "10001000011K912345E789ABCDEF2353");
         assert_eq!(out.get_all("x-aip-client-aic").iter().count(), 1);
         assert_eq!(out["x-aip-client-cert-sha256"], "ab".repeat(32).as_str());

@@ -206,11 +206,11 @@ async fn serve_connection(
         snap.metrics.identity_failures.get_or_create(&labels).inc();
     }
     let h2 = session.alpn_protocol() == Some(b"h2".as_slice());
-    let conn = Arc::new(ConnInfo {
+    let conn = Arc::new(ConnInfo::new(
         peer,
         identity,
-        sni: session.server_name().map(str::to_owned),
-    });
+        session.server_name().map(str::to_owned),
+    ));
     let activity = Arc::new(Activity::new());
     let svc = {
         let activity = activity.clone();

@@ -3,13 +3,29 @@
 //! `x-request-id` is kept when sane, otherwise one is made.
 
 use http::header::{HeaderMap, HeaderValue};
+use std::cell::RefCell;
+
 use ring::rand::{SecureRandom, SystemRandom};
+
+thread_local! {
+    /// Ids come from a fast generator per thread, seeded once from the operating system:
+    /// a request id or trace id must not repeat, but it is no secret, and a system call
+    /// per request (three ids) cost more than the rest of the id work together.
+    static IDS: RefCell<fastrand::Rng> = RefCell::new(fastrand::Rng::with_seed({
+        let mut seed = [0u8; 8];
+        // Should the OS refuse, fastrand's own seeding (std's per-thread keys) stands in.
+        match SystemRandom::new().fill(&mut seed) {
+            Ok(()) => u64::from_le_bytes(seed),
+            Err(_) => fastrand::u64(..),
+        }
+    }));
+}
 
 /// Lowercase hex of `n` (at most 32) random bytes.
 pub fn random_hex(n: usize) -> String {
     let mut b = [0u8; 32];
     let b = &mut b[..n.min(32)];
-    let _ = SystemRandom::new().fill(b);
+    IDS.with(|rng| rng.borrow_mut().fill(b));
     crate::hex::encode(b)
 }
 
@@ -87,6 +103,26 @@ impl TraceContext {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn made_ids_do_not_repeat_within_or_across_threads() {
+        let ids = |n| (0..n).map(|_| random_hex(16)).collect::<Vec<_>>();
+        let here = ids(10_000);
+        let there = std::thread::spawn(move || ids(10_000)).join().unwrap();
+        let all: std::collections::HashSet<&String> = here.iter().chain(&there).collect();
+        assert_eq!(all.len(), 20_000);
+        assert!(here.iter().all(|id| id.len() == 32));
+        // A made traceparent is valid and carries the made trace id.
+        let ctx = TraceContext::from_request(&HeaderMap::new());
+        let mut out = HeaderMap::new();
+        ctx.apply(&mut out);
+        let tp = out["traceparent"].to_str().unwrap();
+        assert_eq!(parse_traceparent(tp), Some(ctx.trace_id.as_str()));
+        assert_ne!(
+            ctx.request_id,
+            TraceContext::from_request(&HeaderMap::new()).request_id
+        );
+    }
 
     #[test]
     fn traceparent() {

@@ -118,8 +118,13 @@ class Proc:
             wait_listening(wait_port, name, log_dir)
 
     def cpu(self):
+        user, system = self.times()
+        return user + system
+
+    def times(self):
+        """(user, system) CPU seconds so far, all threads."""
         fields = Path(f"/proc/{self.p.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+        return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
 
     def stop(self):
         if self.p.poll() is None:
@@ -296,9 +301,10 @@ def oha(d, port, mode, duration, conns):
 
 
 def measure(proxy, d, mode, duration, conns):
-    before = proxy.cpu()
+    user0, sys0 = proxy.times()
     result = oha(d, proxy.port, mode, duration, conns)
-    cpu = proxy.cpu() - before
+    user1, sys1 = proxy.times()
+    cpu = user1 - user0 + sys1 - sys0
     summary = result["summary"]
     codes = result.get("statusCodeDistribution", {})
     ok = sum(v for k, v in codes.items() if k.startswith("2"))
@@ -311,6 +317,7 @@ def measure(proxy, d, mode, duration, conns):
         "bad": total - ok + errors,
         "rps": ok / summary["total"],
         "cpu": cpu,
+        "sys": (sys1 - sys0) / cpu if cpu else 0,
         "p50": (pct.get("p50") or 0) * 1000,
         "p99": (pct.get("p99") or 0) * 1000,
     }
@@ -343,15 +350,15 @@ def report(mode, rows, events):
     unit = "events" if mode == "sse" else "req"
     scale = events if mode == "sse" else 1
     print(f"\n## {mode}\n")
-    print(f"| proxy | {unit}/s | proxy CPU s | {unit} per CPU-second | p50 ms | p99 ms | non-2xx or errors |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"| proxy | {unit}/s | proxy CPU s | {unit} per CPU-second | kernel share | p50 ms | p99 ms | non-2xx or errors |")
+    print("|---|---|---|---|---|---|---|---|")
     per_cpu = {}
     for name, rs in rows.items():
         eff = [r["ok"] * scale / r["cpu"] if r["cpu"] else 0 for r in rs]
         per_cpu[name] = statistics.median(eff)
         print(
             f"| {name} | {median(rs, 'rps') * scale:,.0f} | {median(rs, 'cpu'):.2f} | "
-            f"{per_cpu[name]:,.0f} | {median(rs, 'p50'):.2f} | {median(rs, 'p99'):.2f} | "
+            f"{per_cpu[name]:,.0f} | {median(rs, 'sys'):.0%} | {median(rs, 'p50'):.2f} | {median(rs, 'p99'):.2f} | "
             f"{sum(r['bad'] for r in rs)} |"
         )
     gateways = [n for n in per_cpu if n not in ("nginx", "haproxy", "bare")]

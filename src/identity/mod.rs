@@ -148,6 +148,24 @@ pub struct PeerIdentity {
     pub check: AicCheck,
     /// Lowercase hex SHA-256 of the end-entity certificate DER.
     pub cert_sha256: String,
+    /// The AIC and the certificate hash as header values for the Partner, made once per
+    /// connection (a clone is a reference count).
+    pub(crate) headers: [http::HeaderValue; 2],
+}
+
+impl PeerIdentity {
+    /// An identity and the header values that carry it to Partners.
+    pub fn new(aic: Aic, check: AicCheck, cert_sha256: String) -> PeerIdentity {
+        // An AIC and a hex hash are always valid header values.
+        let value =
+            |s: &str| http::HeaderValue::from_str(s).unwrap_or(http::HeaderValue::from_static(""));
+        PeerIdentity {
+            headers: [value(aic.as_str()), value(&cert_sha256)],
+            aic,
+            check,
+            cert_sha256,
+        }
+    }
 }
 
 /// The verdict on a connection's certificate (see [`ConnIdentity`] for how it is kept
@@ -183,11 +201,11 @@ pub fn authenticate(
         }
     }
     match rules.certificate_aic(end_entity) {
-        Ok((aic, check)) => ConnAuth::Verified(Arc::new(PeerIdentity {
+        Ok((aic, check)) => ConnAuth::Verified(Arc::new(PeerIdentity::new(
             aic,
             check,
-            cert_sha256: sha256_hex(end_entity),
-        })),
+            sha256_hex(end_entity),
+        ))),
         Err(e) => ConnAuth::Rejected(e),
     }
 }
