@@ -13,6 +13,14 @@ pub fn encode(bytes: &[u8]) -> String {
     out
 }
 
+/// `bytes` as lowercase hex into `out` (twice as long), without allocating.
+pub fn encode_into(bytes: &[u8], out: &mut [u8]) {
+    for (b, pair) in bytes.iter().zip(out.chunks_exact_mut(2)) {
+        pair[0] = DIGITS[usize::from(b >> 4)];
+        pair[1] = DIGITS[usize::from(b & 0x0f)];
+    }
+}
+
 /// Hex text (either case, even length) as bytes; `None` for anything else.
 pub fn decode(text: &str) -> Option<Vec<u8>> {
     let t = text.as_bytes();

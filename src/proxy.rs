@@ -55,6 +55,19 @@ pub const CLIENT_AIC_HEADER: &str = "x-aip-client-aic";
 /// Header carrying the SHA-256 of the caller's certificate to the Partner.
 pub const CLIENT_CERT_HEADER: &str = "x-aip-client-cert-sha256";
 
+/// The names the gateway sets, made once: inserting by a `&str` name that is not a
+/// standard header allocates the name anew each time.
+pub(crate) mod names {
+    use http::HeaderName;
+
+    pub(crate) static CLIENT_AIC: HeaderName = HeaderName::from_static(super::CLIENT_AIC_HEADER);
+    pub(crate) static CLIENT_CERT: HeaderName = HeaderName::from_static(super::CLIENT_CERT_HEADER);
+    pub(crate) static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+    pub(crate) static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+    pub(crate) static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+    pub(crate) static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+}
+
 /// What a request knows about its connection.
 #[derive(Debug)]
 pub struct ConnInfo {
@@ -162,7 +175,7 @@ async fn pipeline(
     log: &mut RequestLog,
 ) -> Result<Response<ResponseBody>, Failure> {
     let cfg = &snap.config;
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     log.trace = Some(TraceContext::from_request(&parts.headers));
     if parts.method != http::Method::POST {
         return Err((GatewayError::HttpMethod(parts.method), RpcId::null()));
@@ -302,7 +315,11 @@ async fn pipeline(
         _ => None,
     };
 
-    let mut headers = upstream_headers(&parts.headers, &identity, &conn.forwarded);
+    let mut headers = upstream_headers(
+        std::mem::take(&mut parts.headers),
+        &identity,
+        &conn.forwarded,
+    );
     if let Some(trace) = &log.trace {
         trace.apply(&mut headers);
     }
@@ -576,16 +593,17 @@ fn connection_listed(headers: &HeaderMap) -> Vec<HeaderName> {
         .collect()
 }
 
-fn copy_end_to_end(src: &HeaderMap, extra_skip: impl Fn(&HeaderName) -> bool) -> HeaderMap {
-    let listed = connection_listed(src);
-    let mut out = HeaderMap::with_capacity(src.len() + 4);
-    for (name, value) in src {
-        if is_hop_by_hop(name) || listed.contains(name) || extra_skip(name) {
-            continue;
-        }
-        out.append(name.clone(), value.clone());
+/// Drops hop-by-hop headers (and those `extra_skip` names) in place. Nothing is
+/// allocated: each pass finds one name to drop, and a request has few.
+fn keep_end_to_end(headers: &mut HeaderMap, extra_skip: impl Fn(&HeaderName) -> bool) {
+    let listed = connection_listed(headers);
+    while let Some(name) = headers
+        .keys()
+        .find(|n| is_hop_by_hop(n) || listed.contains(n) || extra_skip(n))
+        .cloned()
+    {
+        headers.remove(&name);
     }
-    out
 }
 
 /// Whether a client header speaks for the gateway and must not reach the Partner: its
@@ -616,19 +634,22 @@ fn gateway_owned(name: &HeaderName) -> bool {
 /// and the gateway's own view of the hop (`x-forwarded-for`, `x-forwarded-proto` and an
 /// equivalent `Forwarded`). A client `x-request-id` worth keeping is passed separately.
 pub fn upstream_headers(
-    src: &HeaderMap,
+    mut headers: HeaderMap,
     identity: &PeerIdentity,
     forwarded: &[HeaderValue; 2],
 ) -> HeaderMap {
-    let mut out = copy_end_to_end(src, gateway_owned);
+    keep_end_to_end(&mut headers, gateway_owned);
     let [aic, cert] = &identity.headers;
-    out.insert(CLIENT_AIC_HEADER, aic.clone());
-    out.insert(CLIENT_CERT_HEADER, cert.clone());
+    headers.insert(names::CLIENT_AIC.clone(), aic.clone());
+    headers.insert(names::CLIENT_CERT.clone(), cert.clone());
     let [forwarded_for, forwarded] = forwarded;
-    out.insert("x-forwarded-for", forwarded_for.clone());
-    out.insert("x-forwarded-proto", HeaderValue::from_static("https"));
-    out.insert(header::FORWARDED, forwarded.clone());
-    out
+    headers.insert(names::X_FORWARDED_FOR.clone(), forwarded_for.clone());
+    headers.insert(
+        names::X_FORWARDED_PROTO.clone(),
+        HeaderValue::from_static("https"),
+    );
+    headers.insert(header::FORWARDED, forwarded.clone());
+    headers
 }
 
 /// The Partner's response, streamed back with hop-by-hop headers removed, each pause in
@@ -646,11 +667,12 @@ where
     B::Error: Into<BoxError>,
     G: Send + Unpin + 'static,
 {
-    let (parts, body) = resp.into_parts();
+    let (mut parts, body) = resp.into_parts();
     let sse = is_event_stream(&parts.headers).then(sse);
     let mut out = Response::new(Relayed::new(body, idle, sse, held).boxed_unsync());
     *out.status_mut() = parts.status;
-    *out.headers_mut() = copy_end_to_end(&parts.headers, |_| false);
+    keep_end_to_end(&mut parts.headers, |_| false);
+    *out.headers_mut() = parts.headers;
     out
 }
 
@@ -685,7 +707,7 @@ mod tests {
             crate::identity::AicCheck::Verified,
             "ab".repeat(32),
         );
-        let out = upstream_headers(&h, &id, &forwarded_values("127.0.0.9:5".parse().unwrap()));
+        let out = upstream_headers(h, &id, &forwarded_values("127.0.0.9:5".parse().unwrap()));
         assert_eq!(out["x-aip-client-aic"], "10001000011K912345E789ABCDEF2353");
         assert_eq!(out.get_all("x-aip-client-aic").iter().count(), 1);
         assert_eq!(out["x-aip-client-cert-sha256"], "ab".repeat(32).as_str());

@@ -418,8 +418,8 @@ impl Drop for AccessLog {
             events,
             upstream_ms = l.upstream.map_or(0.0, |d| d.as_secs_f64() * 1000.0),
             total_ms = total.as_secs_f64() * 1000.0,
-            request_id = l.trace.as_ref().map_or("", |t| t.request_id.as_str()),
-            trace_id = l.trace.as_ref().map_or("", |t| t.trace_id.as_str()),
+            request_id = l.trace.as_ref().map_or("", |t| t.request_id()),
+            trace_id = l.trace.as_ref().map_or("", |t| t.trace_id()),
             "request"
         );
         let m = &self.metrics;

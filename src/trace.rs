@@ -3,6 +3,8 @@
 //! `x-request-id` is kept when sane, otherwise one is made.
 
 use http::header::{HeaderMap, HeaderValue};
+
+use crate::proxy::names;
 use std::cell::RefCell;
 
 use ring::rand::{SecureRandom, SystemRandom};
@@ -21,12 +23,11 @@ thread_local! {
     }));
 }
 
-/// Lowercase hex of `n` (at most 32) random bytes.
-pub fn random_hex(n: usize) -> String {
-    let mut b = [0u8; 32];
-    let b = &mut b[..n.min(32)];
-    IDS.with(|rng| rng.borrow_mut().fill(b));
-    crate::hex::encode(b)
+/// Lowercase hex of `N` random bytes into `out` (`2 * N` long).
+fn random_hex_into<const N: usize>(out: &mut [u8]) {
+    let mut b = [0u8; N];
+    IDS.with(|rng| rng.borrow_mut().fill(&mut b));
+    crate::hex::encode_into(&b, out);
 }
 
 /// The trace id of a valid `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`, ids not all zero).
@@ -48,55 +49,77 @@ pub fn parse_traceparent(v: &str) -> Option<&str> {
 
 /// A request's trace id and request id, decided from the client's headers as soon as the
 /// request arrives (so even a refused request has both in the access log), and the
-/// headers that carry them on to the Partner.
+/// headers that carry them on to the Partner. A client's values are kept as the header
+/// values they arrived in (no copy); made ones cost one allocation each.
 #[derive(Debug, Clone)]
 pub struct TraceContext {
-    /// The W3C trace id (32 hex).
-    pub trace_id: String,
-    /// The request id: the client's `x-request-id` when sane, otherwise made here.
-    pub request_id: String,
     /// The client's `traceparent` when valid, otherwise one made here.
-    traceparent: Option<HeaderValue>,
+    traceparent: HeaderValue,
+    /// Where the trace id starts in `traceparent` (a client's may have leading spaces).
+    trace_at: usize,
+    /// Whether `traceparent` was made here (and must be sent to the Partner).
+    made: bool,
+    /// The client's `x-request-id` when sane, otherwise one made here.
+    request_id: HeaderValue,
 }
 
 impl TraceContext {
     /// Reads (or makes) the ids for a request with these headers.
     pub fn from_request(headers: &HeaderMap) -> TraceContext {
-        let client_tp = headers.get("traceparent");
-        let (trace_id, traceparent) = match client_tp
-            .and_then(|v| v.to_str().ok())
-            .and_then(parse_traceparent)
-        {
-            Some(t) => (t.to_owned(), None),
+        let client = headers.get(&names::TRACEPARENT).and_then(|v| {
+            let text = v.to_str().ok()?;
+            let trace = parse_traceparent(text)?;
+            Some((v.clone(), trace.as_ptr() as usize - text.as_ptr() as usize))
+        });
+        let (traceparent, trace_at, made) = match client {
+            Some((v, at)) => (v, at, false),
             None => {
-                let t = random_hex(16);
-                let v = format!("00-{t}-{}-01", random_hex(8));
-                (t, HeaderValue::from_str(&v).ok())
+                let mut tp = *b"00-________________________________-________________-01";
+                random_hex_into::<16>(&mut tp[3..35]);
+                random_hex_into::<8>(&mut tp[36..52]);
+                (
+                    HeaderValue::from_bytes(&tp).expect("hex is a header value"),
+                    3,
+                    true,
+                )
             }
         };
-        let request_id = match headers
-            .get("x-request-id")
-            .and_then(|v| v.to_str().ok())
-            .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
-        {
-            Some(r) => r.to_owned(),
-            None => random_hex(8),
+        let request_id = match headers.get(&names::X_REQUEST_ID).filter(|v| {
+            let b = v.as_bytes();
+            !b.is_empty() && b.len() <= 128 && b.iter().all(u8::is_ascii_graphic)
+        }) {
+            Some(r) => r.clone(),
+            None => {
+                let mut id = [0u8; 16];
+                random_hex_into::<8>(&mut id);
+                HeaderValue::from_bytes(&id).expect("hex is a header value")
+            }
         };
         TraceContext {
-            trace_id,
-            request_id,
             traceparent,
+            trace_at,
+            made,
+            request_id,
         }
+    }
+
+    /// The W3C trace id (32 hex).
+    pub fn trace_id(&self) -> &str {
+        let tp = self.traceparent.to_str().unwrap_or("");
+        tp.get(self.trace_at..self.trace_at + 32).unwrap_or("")
+    }
+
+    /// The request id: the client's `x-request-id` when sane, otherwise made here.
+    pub fn request_id(&self) -> &str {
+        self.request_id.to_str().unwrap_or("")
     }
 
     /// Sets `traceparent` (when made here) and `x-request-id` on the Partner's headers.
     pub fn apply(&self, headers: &mut HeaderMap) {
-        if let Some(tp) = &self.traceparent {
-            headers.insert("traceparent", tp.clone());
+        if self.made {
+            headers.insert(names::TRACEPARENT.clone(), self.traceparent.clone());
         }
-        if let Ok(v) = HeaderValue::from_str(&self.request_id) {
-            headers.insert("x-request-id", v);
-        }
+        headers.insert(names::X_REQUEST_ID.clone(), self.request_id.clone());
     }
 }
 
@@ -106,22 +129,30 @@ mod tests {
 
     #[test]
     fn made_ids_do_not_repeat_within_or_across_threads() {
-        let ids = |n| (0..n).map(|_| random_hex(16)).collect::<Vec<_>>();
+        let ids = |n| {
+            (0..n)
+                .map(|_| {
+                    let mut id = [0u8; 32];
+                    random_hex_into::<16>(&mut id);
+                    id
+                })
+                .collect::<Vec<_>>()
+        };
         let here = ids(10_000);
         let there = std::thread::spawn(move || ids(10_000)).join().unwrap();
-        let all: std::collections::HashSet<&String> = here.iter().chain(&there).collect();
+        let all: std::collections::HashSet<&[u8; 32]> = here.iter().chain(&there).collect();
         assert_eq!(all.len(), 20_000);
-        assert!(here.iter().all(|id| id.len() == 32));
+        assert!(here.iter().all(|id| id.iter().all(u8::is_ascii_hexdigit)));
         // A made traceparent is valid and carries the made trace id.
         let ctx = TraceContext::from_request(&HeaderMap::new());
         let mut out = HeaderMap::new();
         ctx.apply(&mut out);
         let tp = out["traceparent"].to_str().unwrap();
-        assert_eq!(parse_traceparent(tp), Some(ctx.trace_id.as_str()));
-        assert_ne!(
-            ctx.request_id,
-            TraceContext::from_request(&HeaderMap::new()).request_id
-        );
+        assert_eq!(parse_traceparent(tp), Some(ctx.trace_id()));
+        assert_eq!(out["x-request-id"], ctx.request_id());
+        let other = TraceContext::from_request(&HeaderMap::new());
+        assert_ne!(ctx.request_id(), other.request_id());
+        assert_ne!(ctx.trace_id(), other.trace_id());
     }
 
     #[test]
@@ -144,8 +175,16 @@ mod tests {
         h.insert("traceparent", good.parse().unwrap());
         h.insert("x-request-id", "client-7".parse().unwrap());
         let ctx = TraceContext::from_request(&h);
-        assert_eq!(ctx.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
-        assert_eq!(ctx.request_id, "client-7");
+        assert_eq!(ctx.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(ctx.request_id(), "client-7");
+        // A client's value with surrounding blanks keeps its trace id.
+        let mut spaced = HeaderMap::new();
+        spaced.insert(
+            "traceparent",
+            HeaderValue::from_str(&format!("  {good} ")).unwrap(),
+        );
+        let ctx2 = TraceContext::from_request(&spaced);
+        assert_eq!(ctx2.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
         let mut out = HeaderMap::new();
         out.insert("traceparent", good.parse().unwrap());
         ctx.apply(&mut out);
@@ -156,8 +195,8 @@ mod tests {
         ctx.apply(&mut out);
         assert_eq!(
             parse_traceparent(out["traceparent"].to_str().unwrap()),
-            Some(ctx.trace_id.as_str())
+            Some(ctx.trace_id())
         );
-        assert_eq!(out["x-request-id"], ctx.request_id.as_str());
+        assert_eq!(out["x-request-id"], ctx.request_id());
     }
 }
