@@ -89,6 +89,7 @@ impl Snapshot {
                 None => InFlight::new(p.max_in_flight),
             };
             partners.push(Arc::new(Partner {
+                label: p.name.as_str().into(),
                 config: p.clone(),
                 pool,
                 in_flight,

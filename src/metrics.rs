@@ -12,12 +12,13 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use crate::sse::replay::ReplayStats;
+use std::sync::Arc;
 
 /// Labels of a finished request.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     /// Partner name (`""` when none matched).
-    pub partner: String,
+    pub partner: Arc<str>,
     /// JSON-RPC method (`""` when unknown).
     pub method: &'static str,
     /// HTTP status.
@@ -30,7 +31,7 @@ pub struct RequestLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabels {
     /// Partner name.
-    pub partner: String,
+    pub partner: Arc<str>,
     /// JSON-RPC method.
     pub method: &'static str,
 }
@@ -64,7 +65,7 @@ pub struct PartnerReasonLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StreamOutcomeLabels {
     /// Partner name.
-    pub partner: String,
+    pub partner: Arc<str>,
     /// `completed`, `client_closed`, or the failure's reason (`upstream_reset`,
     /// `upstream_closed_early`, `upstream_idle_timeout`, `event_too_large`,
     /// `events_evicted`, `shutting_down`).

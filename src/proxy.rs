@@ -107,6 +107,28 @@ fn forwarded_values(peer: SocketAddr) -> [HeaderValue; 2] {
 
 type Failure = (GatewayError, RpcId);
 
+/// A string of the request body kept for the access log: a slice of the body (no copy),
+/// or, for a string the JSON escaped, its unescaped copy.
+#[derive(Debug, Default)]
+pub struct LogText(Bytes);
+
+impl LogText {
+    fn of(body: &Bytes, text: &std::borrow::Cow<'_, str>) -> LogText {
+        let t = text.as_bytes();
+        let (start, at) = (body.as_ptr() as usize, t.as_ptr() as usize);
+        if at >= start && at + t.len() <= start + body.len() {
+            LogText(body.slice_ref(t))
+        } else {
+            LogText(Bytes::copy_from_slice(t))
+        }
+    }
+
+    /// The text (valid UTF-8: it came from a validated body or a `str`).
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).unwrap_or("")
+    }
+}
+
 /// What the access log and the request metrics say of a request; filled along the
 /// pipeline, written when the response body ends. Never message contents or tokens.
 #[derive(Debug, Default)]
@@ -114,15 +136,15 @@ pub struct RequestLog {
     /// The caller's verified AIC.
     pub aic: Option<Aic>,
     /// The Partner, once routed.
-    pub partner: Option<String>,
+    pub partner: Option<Arc<str>>,
     /// The JSON-RPC method, once validated.
     pub method: Option<Method>,
     /// `params.message.command`.
     pub command: Option<Command>,
     /// The task.
-    pub task_id: Option<String>,
+    pub task_id: Option<LogText>,
     /// The session.
-    pub session_id: Option<String>,
+    pub session_id: Option<LogText>,
     /// The JSON-RPC error code the gateway answered with.
     pub code: Option<i32>,
     /// Its reason.
@@ -192,7 +214,7 @@ async fn pipeline(
         .and_then(|v| v.parse::<u64>().ok());
     let host = request_host(&parts.uri, &parts.headers, conn.sni.as_deref());
     let route: Option<Route> = snap.router.route(host.as_deref(), parts.uri.path());
-    log.partner = route.as_ref().map(|r| r.partner.config.name.clone());
+    log.partner = route.as_ref().map(|r| r.partner.label.clone());
 
     // Quotas first, before the body is read: the AIC is known from the connection.
     if let ConnAuth::Verified(ident) = &auth {
@@ -237,12 +259,12 @@ async fn pipeline(
     let method = envelope.method;
     log.method = Some(method);
     log.command = envelope.message.as_ref().and_then(|m| m.command);
-    log.task_id = envelope.task_id.as_deref().map(str::to_owned);
+    log.task_id = envelope.task_id.as_ref().map(|t| LogText::of(&body, t));
     log.session_id = envelope
         .message
         .as_ref()
-        .and_then(|m| m.session_id.as_deref())
-        .map(str::to_owned);
+        .and_then(|m| m.session_id.as_ref())
+        .map(|s| LogText::of(&body, s));
     if let Some(path_method) = route.path_method {
         if path_method != method {
             let body_method = method.name().to_owned();

@@ -16,6 +16,8 @@ use crate::upstream::UpstreamPool;
 pub struct Partner {
     /// Validated config.
     pub config: PartnerConfig,
+    /// Its name, shared by every request's log and metric labels (a clone is a count).
+    pub label: Arc<str>,
     /// Pooled clients to its upstreams.
     pub pool: UpstreamPool,
     /// Its requests in flight (limited by `limits.max_in_flight` when set); kept across
@@ -140,6 +142,7 @@ upstreams = ["http://127.0.0.1:9"]
                 .map(|p| {
                     let pool = UpstreamPool::new(&p, &up, "acps.pub").unwrap();
                     Arc::new(Partner {
+                        label: p.name.as_str().into(),
                         config: p,
                         pool,
                         in_flight: crate::ratelimit::concurrency::InFlight::new(None),

@@ -387,11 +387,18 @@ impl AccessLog {
     }
 }
 
+/// The Partner label of a request no Partner took (made once).
+fn no_partner() -> Arc<str> {
+    static NONE: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| "".into());
+    NONE.clone()
+}
+
 impl Drop for AccessLog {
     fn drop(&mut self) {
         let l = &self.log;
         let total = self.started.elapsed();
-        let partner = l.partner.as_deref().unwrap_or("");
+        let label = l.partner.clone().unwrap_or_else(no_partner);
+        let partner: &str = &label;
         let method = l.method.map_or("", |m| m.name());
         let aic = l.aic.as_ref().map_or("", |a| a.as_str());
         let events = l.stream.as_ref().map_or(0, |t| t.events());
@@ -408,8 +415,8 @@ impl Drop for AccessLog {
             partner,
             method,
             command = l.command.map_or("", |c| c.name()),
-            task_id = l.task_id.as_deref().unwrap_or(""),
-            session_id = l.session_id.as_deref().unwrap_or(""),
+            task_id = l.task_id.as_ref().map_or("", |t| t.as_str()),
+            session_id = l.session_id.as_ref().map_or("", |t| t.as_str()),
             status = self.status,
             code,
             reason,
@@ -425,7 +432,7 @@ impl Drop for AccessLog {
         let m = &self.metrics;
         m.requests
             .get_or_create(&crate::metrics::RequestLabels {
-                partner: partner.to_owned(),
+                partner: label.clone(),
                 method,
                 status: self.status,
                 code,
@@ -438,13 +445,13 @@ impl Drop for AccessLog {
             let outcome = ending.map_or(crate::outcome::CLIENT_CLOSED, |e| e.reason);
             m.streams_ended
                 .get_or_create(&crate::metrics::StreamOutcomeLabels {
-                    partner: partner.to_owned(),
+                    partner: label.clone(),
                     outcome,
                 })
                 .inc();
         }
         let route = crate::metrics::RouteLabels {
-            partner: partner.to_owned(),
+            partner: label.clone(),
             method,
         };
         m.request_seconds
