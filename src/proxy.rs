@@ -113,7 +113,7 @@ type Failure = (GatewayError, RpcId);
 pub struct LogText(Bytes);
 
 impl LogText {
-    fn of(body: &Bytes, text: &std::borrow::Cow<'_, str>) -> LogText {
+    fn of(body: &Bytes, text: &str) -> LogText {
         let t = text.as_bytes();
         let (start, at) = (body.as_ptr() as usize, t.as_ptr() as usize);
         if at >= start && at + t.len() <= start + body.len() {
