@@ -318,6 +318,7 @@ def measure(proxy, d, mode, duration, conns):
         "rps": ok / summary["total"],
         "cpu": cpu,
         "sys": (sys1 - sys0) / cpu if cpu else 0,
+        "user_us": (user1 - user0) * 1e6 / ok if ok else 0,
         "p50": (pct.get("p50") or 0) * 1000,
         "p99": (pct.get("p99") or 0) * 1000,
     }
@@ -350,15 +351,15 @@ def report(mode, rows, events):
     unit = "events" if mode == "sse" else "req"
     scale = events if mode == "sse" else 1
     print(f"\n## {mode}\n")
-    print(f"| proxy | {unit}/s | proxy CPU s | {unit} per CPU-second | kernel share | p50 ms | p99 ms | non-2xx or errors |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"| proxy | {unit}/s | proxy CPU s | {unit} per CPU-second | kernel share | user µs per {unit} | p50 ms | p99 ms | non-2xx or errors |")
+    print("|---|---|---|---|---|---|---|---|---|")
     per_cpu = {}
     for name, rs in rows.items():
         eff = [r["ok"] * scale / r["cpu"] if r["cpu"] else 0 for r in rs]
         per_cpu[name] = statistics.median(eff)
         print(
             f"| {name} | {median(rs, 'rps') * scale:,.0f} | {median(rs, 'cpu'):.2f} | "
-            f"{per_cpu[name]:,.0f} | {median(rs, 'sys'):.0%} | {median(rs, 'p50'):.2f} | {median(rs, 'p99'):.2f} | "
+            f"{per_cpu[name]:,.0f} | {median(rs, 'sys'):.0%} | {median(rs, 'user_us') / scale:.2f} | {median(rs, 'p50'):.2f} | {median(rs, 'p99'):.2f} | "
             f"{sum(r['bad'] for r in rs)} |"
         )
     gateways = [n for n in per_cpu if n not in ("nginx", "haproxy", "bare")]
@@ -378,7 +379,7 @@ def main():
     ap.add_argument("--connections", type=int, default=32)
     ap.add_argument("--events", type=int, default=1000, help="events per stream (--sse)")
     ap.add_argument("--gateway", action="append", default=[], help="LABEL=PATH of another aipgw binary")
-    ap.add_argument("--only", default="aipgw,nginx,haproxy,bare")
+    ap.add_argument("--only", default="aipgw,nginx,haproxy,bare", help='comma-separated; "" for none but --gateway')
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--install", action="store_true")
     args = ap.parse_args()
@@ -390,7 +391,10 @@ def main():
             ["cargo", "build", "--release", "--bin", "aipgw", "--example", "bare_proxy", "--example", "load_backend"],
             cwd=ROOT, check=True,
         )
-    only = args.only.split(",")
+    only = [n for n in args.only.split(",") if n]
+    for n in only:
+        if n not in ("aipgw", "nginx", "haproxy", "bare"):
+            die(f"--only: {n!r} is not one of aipgw, nginx, haproxy, bare")
     proxies = [(n, str(RELEASE / "aipgw") if n == "aipgw" else None) for n in only]
     proxies += [tuple(g.split("=", 1)) for g in args.gateway]
     with tempfile.TemporaryDirectory(prefix="aipgw-load-") as tmp:

@@ -224,3 +224,23 @@ async fn an_expired_crl_rejects_unless_allowed() {
         }
     }
 }
+
+/// `listener.tls_session_cache`: by default a second connection resumes the first one's
+/// session; with `0` every connection is a full handshake (and still admitted).
+#[tokio::test]
+async fn tls_session_cache_zero_turns_resumption_off() {
+    let pki = Pki::new();
+    let partner = TestPartner::start(Behaviour::Echo).await;
+    let block = partner_block("p", "/p", &partner.url(), "");
+    let body = rpc_start("\"r1\"", LEADER_A, "t");
+    for (extra, resumes) in [("", true), ("tls_session_cache = 0", false)] {
+        let gw = start_gateway(&pki.config(extra, &block)).await;
+        let leader = pki.leader(LEADER_A, true);
+        let (mut first, resumed) = leader.h2_connection(gw.addr).await;
+        assert!(!resumed, "{extra:?}: the first handshake is a full one");
+        assert_eq!(send_on(&mut first, "/p/rpc", &body).await.status, 200);
+        let (mut second, resumed) = leader.h2_connection(gw.addr).await;
+        assert_eq!(resumed, resumes, "{extra:?}: second handshake resumed?");
+        assert_eq!(send_on(&mut second, "/p/rpc", &body).await.status, 200);
+    }
+}
