@@ -57,12 +57,55 @@ pub trait TaskOwners: Send + Sync {
     }
 }
 
+/// An entry's Partner name, task id and session id, in one allocation: entries outlive
+/// the streams around them (`policy.tasks.ttl`, a day by default), and three small
+/// allocations each pinned three times the allocator pages after a burst of streams ended.
+struct Names {
+    text: Box<str>,
+    partner_len: u32,
+    task_len: u32,
+    has_session: bool,
+}
+
+impl Names {
+    fn new(partner: &str, task: &str, session: Option<&str>) -> Names {
+        let session_text = session.unwrap_or("");
+        let mut text = String::with_capacity(partner.len() + task.len() + session_text.len());
+        text.push_str(partner);
+        text.push_str(task);
+        text.push_str(session_text);
+        Names {
+            text: text.into_boxed_str(),
+            partner_len: u32::try_from(partner.len()).unwrap_or(u32::MAX),
+            task_len: u32::try_from(task.len()).unwrap_or(u32::MAX),
+            has_session: session.is_some(),
+        }
+    }
+
+    fn partner(&self) -> &str {
+        &self.text[..self.partner_len as usize]
+    }
+
+    fn task(&self) -> &str {
+        let start = self.partner_len as usize;
+        &self.text[start..start + self.task_len as usize]
+    }
+
+    /// Kept for the Redis store's parity and for audit use.
+    #[cfg_attr(not(test), allow(dead_code))]
+    fn session(&self) -> Option<&str> {
+        let start = (self.partner_len + self.task_len) as usize;
+        self.has_session.then(|| &self.text[start..])
+    }
+
+    fn is(&self, partner: &str, task: &str) -> bool {
+        self.partner() == partner && self.task() == task
+    }
+}
+
 struct Entry {
-    partner: Box<str>,
-    task: Box<str>,
+    names: Names,
     owner: Aic,
-    #[allow(dead_code)] // kept for the Redis store's parity and for audit use
-    session: Option<Box<str>>,
     expires: Instant,
     /// The stamp of this entry's place in the order queue; other `(hash, stamp)` pairs
     /// for the same hash are stale.
@@ -131,7 +174,7 @@ impl Inner {
     /// The live entry for (hash, partner, task); an expired one is removed.
     fn live(&mut self, h: u64, partner: &str, task: &str, now: Instant) -> Option<&mut Entry> {
         let expired = match self.map.get(&h) {
-            Some(e) if &*e.partner == partner && &*e.task == task => e.expires <= now,
+            Some(e) if e.names.is(partner, task) => e.expires <= now,
             _ => return None,
         };
         if expired {
@@ -210,10 +253,8 @@ impl TaskOwners for MemoryTaskOwners {
         inner.map.insert(
             h,
             Entry {
-                partner: partner.into(),
-                task: task.into(),
+                names: Names::new(partner, task, session),
                 owner: *aic,
-                session: session.map(Into::into),
                 expires: now + self.ttl,
                 stamp: 0,
                 used: false,
@@ -355,6 +396,22 @@ mod tests {
 
     fn aic(s: &str) -> Aic {
         Aic::parse(s).unwrap()
+    }
+
+    /// One allocation holds all three names, and they read back apart: a Partner and task
+    /// that concatenate alike are still different tasks.
+    #[test]
+    fn names_read_back_apart() {
+        let n = Names::new("ab", "c", Some("s-1"));
+        assert_eq!(
+            (n.partner(), n.task(), n.session()),
+            ("ab", "c", Some("s-1"))
+        );
+        assert!(n.is("ab", "c") && !n.is("a", "bc") && !n.is("abc", ""));
+        let none = Names::new("p", "t", None);
+        assert_eq!(none.session(), None);
+        assert_eq!(Names::new("p", "t", Some("")).session(), Some(""));
+        assert_eq!(Names::new("", "", None).task(), "");
     }
 
     /// Issue 13: expired owners go at the upkeep's sweep, with no claim or lookup, and
