@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, StreamBody};
 use tokio::time::Instant;
@@ -140,6 +140,8 @@ struct Follower {
     id: RpcId,
     changes: tokio::sync::watch::Receiver<u64>,
     queue: VecDeque<Bytes>,
+    /// Small events of the current read, copied together (see [`COALESCE_MAX`]).
+    pending: BytesMut,
     scratch: Vec<Entry>,
     keepalive: Duration,
     last_sent: Option<u64>,
@@ -175,6 +177,7 @@ pub fn follow(
         cursor,
         id,
         queue: VecDeque::new(),
+        pending: BytesMut::new(),
         scratch: Vec::new(),
         keepalive,
         last_sent: None,
@@ -198,6 +201,7 @@ pub fn follow(
                     for e in &entries {
                         st.push_event(e);
                     }
+                    st.flush();
                     st.scratch = entries;
                     st.scratch.clear();
                     match end {
@@ -251,21 +255,51 @@ async fn closing_changed(
     }
 }
 
+/// Events up to this size are copied into one buffer per read of the record, so a burst
+/// goes to the Leader as one frame: a frame per event (and two more per spliced id) cost
+/// far more than copying a small event. A larger event goes out as slices of its own
+/// bytes, uncopied.
+const COALESCE_MAX: usize = 4096;
+
 impl Follower {
     fn push_event(&mut self, e: &Entry) {
+        use std::fmt::Write as _;
         self.tally.add_events(1);
+        let (start, len) = (e.id_start as usize, e.id_len as usize);
+        let same_id = len == 0 || &e.bytes[start..start + len] == self.id.as_bytes();
+        if e.bytes.len() > COALESCE_MAX {
+            self.flush();
+            if e.seq != NO_SEQ {
+                self.queue
+                    .push_back(Bytes::from(format!("id: {}\n", e.seq)));
+                self.last_sent = Some(e.seq);
+            }
+            if same_id {
+                self.queue.push_back(e.bytes.clone());
+            } else {
+                self.queue.push_back(e.bytes.slice(..start));
+                self.queue.push_back(self.id.clone().into_bytes());
+                self.queue.push_back(e.bytes.slice(start + len..));
+            }
+            return;
+        }
         if e.seq != NO_SEQ {
-            self.queue
-                .push_back(Bytes::from(format!("id: {}\n", e.seq)));
+            let _ = write!(self.pending, "id: {}\n", e.seq);
             self.last_sent = Some(e.seq);
         }
-        let (start, len) = (e.id_start as usize, e.id_len as usize);
-        if len == 0 || &e.bytes[start..start + len] == self.id.as_bytes() {
-            self.queue.push_back(e.bytes.clone());
+        if same_id {
+            self.pending.extend_from_slice(&e.bytes);
         } else {
-            self.queue.push_back(e.bytes.slice(..start));
-            self.queue.push_back(self.id.clone().into_bytes());
-            self.queue.push_back(e.bytes.slice(start + len..));
+            self.pending.extend_from_slice(&e.bytes[..start]);
+            self.pending.extend_from_slice(self.id.as_bytes());
+            self.pending.extend_from_slice(&e.bytes[start + len..]);
+        }
+    }
+
+    /// Queues the coalesced events as one frame.
+    fn flush(&mut self) {
+        if !self.pending.is_empty() {
+            self.queue.push_back(self.pending.split().freeze());
         }
     }
 
@@ -277,6 +311,7 @@ impl Follower {
             reason,
             count_upstream: false,
         });
+        self.flush();
         if tell {
             let ev = error_event(&self.id, reason, Some(self.last_sent), last_available);
             self.queue.push_back(ev);
@@ -405,6 +440,64 @@ mod tests {
             id_len: 0,
         });
         assert_eq!(next_text(&mut body).await, "id: 1\ndata: {}\n\n");
+    }
+
+    /// The events of one read go out as one frame, each with its `id:` line and the
+    /// follower's JSON-RPC id spliced in; an event over `COALESCE_MAX` goes as slices of
+    /// its own bytes, after the coalesced ones, in order.
+    #[tokio::test(start_paused = true)]
+    async fn small_events_of_one_read_share_a_frame_and_large_ones_go_uncopied() {
+        let rec = record();
+        let event = |seq: u64, id: &str, pad: usize| {
+            let text = format!(
+                "data: {{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{\"eventSeq\":{seq},\"x\":\"{}\"}}}}\n\n",
+                "p".repeat(pad)
+            );
+            let id_start = text.find(id).unwrap() as u32;
+            Entry {
+                seq,
+                bytes: Bytes::from(text),
+                id_start,
+                id_len: id.len() as u32,
+            }
+        };
+        rec.append(event(1, "\"a\"", 10));
+        rec.append(event(2, "\"b\"", 10));
+        rec.append(event(3, "\"b\"", COALESCE_MAX));
+        rec.append(event(4, "\"a\"", 10));
+        let body_text = |seq: u64, pad: usize| {
+            format!(
+                "id: {seq}\ndata: {{\"jsonrpc\":\"2.0\",\"id\":\"a\",\"result\":{{\"eventSeq\":{seq},\"x\":\"{}\"}}}}\n\n",
+                "p".repeat(pad)
+            )
+        };
+        let id = RpcId::from_body(
+            &Bytes::from_static(b"\"a\""),
+            &serde_json::from_str::<&serde_json::value::RawValue>("\"a\"").unwrap(),
+        );
+        let mut body = follow(
+            rec.clone(),
+            rec.first_cursor(),
+            id,
+            Duration::from_secs(15),
+            never_closing(),
+            Arc::default(),
+            OnUpstreamFailure::ErrorEvent,
+        );
+        async fn frame(body: &mut ResponseBody) -> String {
+            let f = body.frame().await.expect("frame").unwrap();
+            String::from_utf8(f.into_data().unwrap().to_vec()).unwrap()
+        }
+        // Events 1 and 2, one frame; event 2's id "b" replaced by "a".
+        assert_eq!(frame(&mut body).await, body_text(1, 10) + &body_text(2, 10));
+        // Event 3: its id line, then its bytes around the spliced id, uncopied.
+        assert_eq!(frame(&mut body).await, "id: 3\n");
+        let mut big = String::new();
+        for _ in 0..3 {
+            big.push_str(&frame(&mut body).await);
+        }
+        assert_eq!(big, body_text(3, COALESCE_MAX)["id: 3\n".len()..]);
+        assert_eq!(frame(&mut body).await, body_text(4, 10));
     }
 
     #[tokio::test(start_paused = true)]
