@@ -284,7 +284,7 @@ impl Follower {
             return;
         }
         if e.seq != NO_SEQ {
-            let _ = write!(self.pending, "id: {}\n", e.seq);
+            let _ = writeln!(self.pending, "id: {}", e.seq);
             self.last_sent = Some(e.seq);
         }
         if same_id {
