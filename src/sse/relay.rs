@@ -473,7 +473,7 @@ mod tests {
         };
         let id = RpcId::from_body(
             &Bytes::from_static(b"\"a\""),
-            &serde_json::from_str::<&serde_json::value::RawValue>("\"a\"").unwrap(),
+            serde_json::from_str::<&serde_json::value::RawValue>("\"a\"").unwrap(),
         );
         let mut body = follow(
             rec.clone(),
