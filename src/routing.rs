@@ -95,7 +95,7 @@ pub fn request_host<'a>(
     uri: &'a http::Uri,
     headers: &'a http::HeaderMap,
     sni: Option<&'a str>,
-) -> Option<String> {
+) -> Option<std::borrow::Cow<'a, str>> {
     let raw = uri
         .host()
         .or_else(|| {
@@ -108,7 +108,13 @@ pub fn request_host<'a>(
                 })
         })
         .or(sni)?;
-    Some(raw.trim_matches(['[', ']']).to_ascii_lowercase())
+    let host = raw.trim_matches(['[', ']']);
+    // Copied only when it has capitals to fold.
+    Some(if host.bytes().any(|b| b.is_ascii_uppercase()) {
+        std::borrow::Cow::Owned(host.to_ascii_lowercase())
+    } else {
+        std::borrow::Cow::Borrowed(host)
+    })
 }
 
 #[cfg(test)]
@@ -204,7 +210,7 @@ upstreams = ["http://127.0.0.1:9"]"#,
             if let Some(v) = host {
                 headers.insert(http::header::HOST, v.parse().unwrap());
             }
-            request_host(&uri.parse().unwrap(), &headers, sni)
+            request_host(&uri.parse().unwrap(), &headers, sni).map(|h| h.into_owned())
         };
         assert_eq!(
             h("/x", Some("A.example:8443"), None).as_deref(),
