@@ -1,15 +1,20 @@
 //! Test 7: clients that stall are disconnected after the configured timeouts. The waits
 //! here are safety nets around events (EOF), not measurements.
 
+use std::time::{Duration, Instant};
+
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::support::*;
 
-/// Every client-side bound short. A silent HTTP/2 client is closed by the keep-alive PING
-/// that follows `idle_timeout` going unanswered for `http2_keepalive_timeout` (h2's
-/// graceful close waits for that PING's answer).
-const SHORT: &str = "header_read_timeout = \"300ms\"\nbody_read_timeout = \"300ms\"\nidle_timeout = \"300ms\"\nhttp2_keepalive_timeout = \"300ms\"";
+/// Every client-side bound short, each its own value, so a test can tell which one fired:
+/// headers 200 ms, body 600 ms, idle 2 s. A silent HTTP/2 client is closed by the
+/// keep-alive PING that follows `idle_timeout` going unanswered for
+/// `http2_keepalive_timeout` (h2's graceful close waits for that PING's answer).
+const SHORT: &str = "header_read_timeout = \"200ms\"\nbody_read_timeout = \"600ms\"\nidle_timeout = \"2s\"\nhttp2_keepalive_timeout = \"300ms\"";
+const HEADER_TIMEOUT: Duration = Duration::from_millis(200);
+const IDLE_TIMEOUT: Duration = Duration::from_secs(2);
 
 async fn read_to_end<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> Vec<u8> {
     let mut out = Vec::new();
@@ -79,7 +84,15 @@ async fn slow_headers_are_disconnected() {
         .await
         .unwrap();
     tls.flush().await.unwrap();
+    let started = Instant::now();
     within(5, read_to_end(&mut tls)).await;
+    // The header timeout closed it, not the idle timeout (which also applies while no
+    // request has arrived): halfway between the two tells them apart.
+    let took = started.elapsed();
+    assert!(
+        took >= HEADER_TIMEOUT && took < (HEADER_TIMEOUT + IDLE_TIMEOUT) / 2,
+        "closed after {took:?}: header timeout {HEADER_TIMEOUT:?}, idle {IDLE_TIMEOUT:?}"
+    );
 }
 
 #[tokio::test]
@@ -94,7 +107,7 @@ async fn max_connections_holds_extra_clients_in_the_queue() {
         let addr = gw.addr;
         async move { leader.connect(addr).await }
     });
-    let stalled = tokio::time::timeout(std::time::Duration::from_millis(300), async {
+    let stalled = tokio::time::timeout(Duration::from_millis(300), async {
         while !second.is_finished() {
             tokio::task::yield_now().await;
         }
