@@ -1,8 +1,11 @@
 //! Reading a request body once, bounded in size, into one contiguous `Bytes`.
 //!
-//! Written by hand rather than with `http_body_util::Limited` + `collect`: a body that
-//! arrives in one frame (the common case) is kept as that very `Bytes`, with no copy;
-//! a body in several frames is copied once into a buffer sized from `Content-Length`.
+//! A body that arrives in one frame (the common case) is kept as that very `Bytes`, with
+//! no copy; a body in several frames is copied once. `http_body_util::Limited` +
+//! `collect` would do the same for one frame (its `BufList` hands a lone frame back);
+//! this is written by hand for the rest: a declared `Content-Length` over the bound is
+//! refused before a byte is read, the buffer for several frames is sized once from
+//! `Content-Length`, and "too large" stays apart from a failed read.
 //! The envelope parser borrows from the result and the proxy forwards the same `Bytes`.
 //! The time bound is applied by the caller (`listener.body_read_timeout`).
 

@@ -41,6 +41,8 @@
 //! - [`body`]: bounded request body reading.
 //! - [`relay_body`]: a Partner's body on its way back: idle bound, event count, permits.
 //! - [`outcome`]: how a body ended after its head was sent (access log, metrics).
+//! - [`access_log`]: the request's log line and metrics, filled along the pipeline and
+//!   written once when the response body ends.
 //! - [`upkeep`]: one timer sweeping idle limiter entries, expired replay records and
 //!   task owners.
 //! - [`error`]: the one error type and its mapping.
@@ -52,6 +54,7 @@
 //!   listener, Prometheus metrics, trace context, hot reload, `inspect-cert`).
 //! - [`hex`]: lowercase hex encoding.
 
+pub mod access_log;
 pub mod admin;
 pub mod answer;
 pub mod body;

@@ -27,6 +27,7 @@ use http::{Request, Response};
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full};
 use hyper::body::Incoming;
 
+use crate::access_log::{LogText, RequestLog};
 use crate::answer::{read_up_to, Read};
 use crate::body::{read_bounded, BodyError};
 use crate::config::raw::AipVersion;
@@ -36,7 +37,6 @@ use crate::identity::verdict::unix_now;
 use crate::identity::{Aic, ConnAuth, ConnIdentity, PeerIdentity};
 use crate::jsonrpc::envelope::{EnvelopeError, Shape};
 use crate::jsonrpc::{self, Command, Method, RpcId};
-use crate::outcome::StreamTally;
 use crate::policy::tasks::{check_task, PendingClaim};
 use crate::ratelimit::Refusal;
 use crate::relay_body::{Relayed, SseTail};
@@ -106,59 +106,6 @@ fn forwarded_values(peer: SocketAddr) -> [HeaderValue; 2] {
 }
 
 type Failure = (GatewayError, RpcId);
-
-/// A string of the request body kept for the access log: a slice of the body (no copy),
-/// or, for a string the JSON escaped, its unescaped copy.
-#[derive(Debug, Default)]
-pub struct LogText(Bytes);
-
-impl LogText {
-    fn of(body: &Bytes, text: &str) -> LogText {
-        let t = text.as_bytes();
-        let (start, at) = (body.as_ptr() as usize, t.as_ptr() as usize);
-        if at >= start && at + t.len() <= start + body.len() {
-            LogText(body.slice_ref(t))
-        } else {
-            LogText(Bytes::copy_from_slice(t))
-        }
-    }
-
-    /// The text (valid UTF-8: it came from a validated body or a `str`).
-    pub fn as_str(&self) -> &str {
-        std::str::from_utf8(&self.0).unwrap_or("")
-    }
-}
-
-/// What the access log and the request metrics say of a request; filled along the
-/// pipeline, written when the response body ends. Never message contents or tokens.
-#[derive(Debug, Default)]
-pub struct RequestLog {
-    /// The caller's verified AIC.
-    pub aic: Option<Aic>,
-    /// The Partner, once routed.
-    pub partner: Option<Arc<str>>,
-    /// The JSON-RPC method, once validated.
-    pub method: Option<Method>,
-    /// `params.message.command`.
-    pub command: Option<Command>,
-    /// The task.
-    pub task_id: Option<LogText>,
-    /// The session.
-    pub session_id: Option<LogText>,
-    /// The JSON-RPC error code the gateway answered with.
-    pub code: Option<i32>,
-    /// Its reason.
-    pub reason: Option<&'static str>,
-    /// Request body bytes.
-    pub bytes_in: u64,
-    /// Time to the Partner's response headers.
-    pub upstream: Option<Duration>,
-    /// The request id and trace id.
-    pub trace: Option<TraceContext>,
-    /// An event stream's tally: the Partner's events relayed to the Leader (not the
-    /// gateway's own error event) and how the stream ended.
-    pub stream: Option<Arc<StreamTally>>,
-}
 
 /// Handles one request; never fails (errors become JSON-RPC error responses).
 pub async fn handle(

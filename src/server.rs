@@ -29,12 +29,13 @@ use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
+use crate::access_log::{AccessLog, RequestLog};
 use crate::gateway::Gateway;
 use crate::identity::verdict::unix_now;
 use crate::identity::{ConnAuth, ConnIdentity};
 use crate::metrics::ReasonLabels;
 use crate::outcome::Ending;
-use crate::proxy::{self, BoxError, ConnInfo, RequestLog, ResponseBody};
+use crate::proxy::{self, BoxError, ConnInfo, ResponseBody};
 use crate::ratelimit::concurrency::{KeyedCounts, KeyedPermit};
 use crate::relay_body::RelayError;
 
@@ -363,106 +364,6 @@ struct Tracked {
     body: ResponseBody,
     access: AccessLog,
     _guard: ActivityGuard,
-}
-
-struct AccessLog {
-    log: RequestLog,
-    peer: SocketAddr,
-    metrics: Arc<crate::metrics::Metrics>,
-    started: Instant,
-    status: u16,
-    /// Bytes of the body handed on to the Leader's connection.
-    bytes_out: u64,
-    /// The answer is an event stream (its outcome is logged and counted).
-    streamed: bool,
-    /// How a plain body ended early, read from its error frame.
-    cut: Option<Ending>,
-}
-
-impl AccessLog {
-    /// How the body ended after its head was sent, if that is known.
-    fn ending(&self) -> Option<Ending> {
-        self.cut
-            .or_else(|| self.log.stream.as_ref().and_then(|t| t.ending()))
-    }
-}
-
-/// The Partner label of a request no Partner took (made once).
-fn no_partner() -> Arc<str> {
-    static NONE: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| "".into());
-    NONE.clone()
-}
-
-impl Drop for AccessLog {
-    fn drop(&mut self) {
-        let l = &self.log;
-        let total = self.started.elapsed();
-        let label = l.partner.clone().unwrap_or_else(no_partner);
-        let partner: &str = &label;
-        let method = l.method.map_or("", |m| m.name());
-        let aic = l.aic.as_ref().map_or("", |a| a.as_str());
-        let events = l.stream.as_ref().map_or(0, |t| t.events());
-        let ending = self.ending();
-        // A failure after the head: the status stands, the code and reason tell.
-        let (mut code, mut reason) = (l.code.unwrap_or(0), l.reason.unwrap_or(""));
-        if let Some(e) = ending.filter(|e| e.failed() && code == 0) {
-            (code, reason) = (crate::error::codes::INTERNAL_ERROR, e.reason);
-        }
-        tracing::info!(
-            target: "aipgw::access",
-            peer = %self.peer,
-            aic = %aic,
-            partner,
-            method,
-            command = l.command.map_or("", |c| c.name()),
-            task_id = l.task_id.as_ref().map_or("", |t| t.as_str()),
-            session_id = l.session_id.as_ref().map_or("", |t| t.as_str()),
-            status = self.status,
-            code,
-            reason,
-            bytes_in = l.bytes_in,
-            bytes_out = self.bytes_out,
-            events,
-            upstream_ms = l.upstream.map_or(0.0, |d| d.as_secs_f64() * 1000.0),
-            total_ms = total.as_secs_f64() * 1000.0,
-            request_id = l.trace.as_ref().map_or("", |t| t.request_id()),
-            trace_id = l.trace.as_ref().map_or("", |t| t.trace_id()),
-            "request"
-        );
-        let m = &self.metrics;
-        m.requests
-            .get_or_create(&crate::metrics::RequestLabels {
-                partner: label.clone(),
-                method,
-                status: self.status,
-                code,
-            })
-            .inc();
-        if let Some(e) = ending.filter(|e| e.count_upstream) {
-            m.upstream_error(partner, e.reason);
-        }
-        if self.streamed {
-            let outcome = ending.map_or(crate::outcome::CLIENT_CLOSED, |e| e.reason);
-            m.streams_ended
-                .get_or_create(&crate::metrics::StreamOutcomeLabels {
-                    partner: label.clone(),
-                    outcome,
-                })
-                .inc();
-        }
-        let route = crate::metrics::RouteLabels {
-            partner: label.clone(),
-            method,
-        };
-        m.request_seconds
-            .get_or_create(&route)
-            .observe(total.as_secs_f64());
-        if let Some(up) = l.upstream {
-            m.upstream_seconds
-                .get_or_create(&route)
-                .observe(up.as_secs_f64());
-        }
-    }
 }
 
 impl Body for Tracked {

@@ -477,11 +477,6 @@ impl<'a> Parsed<'a> {
         self.raw.id
     }
 
-    /// The `method` string as sent, when it is a string (for path agreement checks).
-    pub fn method_name(&self) -> Option<&str> {
-        self.raw.method.as_str()
-    }
-
     /// Phase two: every semantic check, in a fixed order.
     pub fn validate(self) -> Result<Envelope<'a>, EnvelopeError> {
         // Fields are taken out of `raw` in place: it is several hundred bytes (both

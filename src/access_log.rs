@@ -1,0 +1,169 @@
+//! The access log: what a request's line and its metrics say, filled along the pipeline
+//! ([`RequestLog`]) and written once, when the response body ends ([`AccessLog`]'s drop),
+//! so a stream's line has its whole duration, events, bytes and outcome.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use crate::identity::Aic;
+use crate::jsonrpc::{Command, Method};
+use crate::outcome::{Ending, StreamTally};
+use crate::trace::TraceContext;
+
+/// A string of the request body kept for the access log: a slice of the body (no copy),
+/// or, for a string the JSON escaped, its unescaped copy.
+#[derive(Debug, Default)]
+pub struct LogText(Bytes);
+
+impl LogText {
+    pub(crate) fn of(body: &Bytes, text: &str) -> LogText {
+        let t = text.as_bytes();
+        let (start, at) = (body.as_ptr() as usize, t.as_ptr() as usize);
+        if at >= start && at + t.len() <= start + body.len() {
+            LogText(body.slice_ref(t))
+        } else {
+            LogText(Bytes::copy_from_slice(t))
+        }
+    }
+
+    /// The text (valid UTF-8: it came from a validated body or a `str`).
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).unwrap_or("")
+    }
+}
+
+/// What the access log and the request metrics say of a request; filled along the
+/// pipeline, written when the response body ends. Never message contents or tokens.
+#[derive(Debug, Default)]
+pub struct RequestLog {
+    /// The caller's verified AIC.
+    pub aic: Option<Aic>,
+    /// The Partner, once routed.
+    pub partner: Option<Arc<str>>,
+    /// The JSON-RPC method, once validated.
+    pub method: Option<Method>,
+    /// `params.message.command`.
+    pub command: Option<Command>,
+    /// The task.
+    pub task_id: Option<LogText>,
+    /// The session.
+    pub session_id: Option<LogText>,
+    /// The JSON-RPC error code the gateway answered with.
+    pub code: Option<i32>,
+    /// Its reason.
+    pub reason: Option<&'static str>,
+    /// Request body bytes.
+    pub bytes_in: u64,
+    /// Time to the Partner's response headers.
+    pub upstream: Option<Duration>,
+    /// The request id and trace id.
+    pub trace: Option<TraceContext>,
+    /// An event stream's tally: the Partner's events relayed to the Leader (not the
+    /// gateway's own error event) and how the stream ended.
+    pub stream: Option<Arc<StreamTally>>,
+}
+
+/// A finished request's line and metrics, written on drop.
+pub(crate) struct AccessLog {
+    pub(crate) log: RequestLog,
+    pub(crate) peer: SocketAddr,
+    pub(crate) metrics: Arc<crate::metrics::Metrics>,
+    pub(crate) started: Instant,
+    pub(crate) status: u16,
+    /// Bytes of the body handed on to the Leader's connection.
+    pub(crate) bytes_out: u64,
+    /// The answer is an event stream (its outcome is logged and counted).
+    pub(crate) streamed: bool,
+    /// How a plain body ended early, read from its error frame.
+    pub(crate) cut: Option<Ending>,
+}
+
+impl AccessLog {
+    /// How the body ended after its head was sent, if that is known.
+    pub(crate) fn ending(&self) -> Option<Ending> {
+        self.cut
+            .or_else(|| self.log.stream.as_ref().and_then(|t| t.ending()))
+    }
+}
+
+/// The Partner label of a request no Partner took (made once).
+fn no_partner() -> Arc<str> {
+    static NONE: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| "".into());
+    NONE.clone()
+}
+
+impl Drop for AccessLog {
+    fn drop(&mut self) {
+        let l = &self.log;
+        let total = self.started.elapsed();
+        let label = l.partner.clone().unwrap_or_else(no_partner);
+        let partner: &str = &label;
+        let method = l.method.map_or("", |m| m.name());
+        let aic = l.aic.as_ref().map_or("", |a| a.as_str());
+        let events = l.stream.as_ref().map_or(0, |t| t.events());
+        let ending = self.ending();
+        // A failure after the head: the status stands, the code and reason tell.
+        let (mut code, mut reason) = (l.code.unwrap_or(0), l.reason.unwrap_or(""));
+        if let Some(e) = ending.filter(|e| e.failed() && code == 0) {
+            (code, reason) = (crate::error::codes::INTERNAL_ERROR, e.reason);
+        }
+        tracing::info!(
+            target: "aipgw::access",
+            peer = %self.peer,
+            aic = %aic,
+            partner,
+            method,
+            command = l.command.map_or("", |c| c.name()),
+            task_id = l.task_id.as_ref().map_or("", |t| t.as_str()),
+            session_id = l.session_id.as_ref().map_or("", |t| t.as_str()),
+            status = self.status,
+            code,
+            reason,
+            bytes_in = l.bytes_in,
+            bytes_out = self.bytes_out,
+            events,
+            upstream_ms = l.upstream.map_or(0.0, |d| d.as_secs_f64() * 1000.0),
+            total_ms = total.as_secs_f64() * 1000.0,
+            request_id = l.trace.as_ref().map_or("", |t| t.request_id()),
+            trace_id = l.trace.as_ref().map_or("", |t| t.trace_id()),
+            "request"
+        );
+        let m = &self.metrics;
+        m.requests
+            .get_or_create(&crate::metrics::RequestLabels {
+                partner: label.clone(),
+                method,
+                status: self.status,
+                code,
+            })
+            .inc();
+        if let Some(e) = ending.filter(|e| e.count_upstream) {
+            m.upstream_error(partner, e.reason);
+        }
+        if self.streamed {
+            let outcome = ending.map_or(crate::outcome::CLIENT_CLOSED, |e| e.reason);
+            m.streams_ended
+                .get_or_create(&crate::metrics::StreamOutcomeLabels {
+                    partner: label.clone(),
+                    outcome,
+                })
+                .inc();
+        }
+        let route = crate::metrics::RouteLabels {
+            partner: label.clone(),
+            method,
+        };
+        m.request_seconds
+            .get_or_create(&route)
+            .observe(total.as_secs_f64());
+        if let Some(up) = l.upstream {
+            m.upstream_seconds
+                .get_or_create(&route)
+                .observe(up.as_secs_f64());
+        }
+    }
+}
