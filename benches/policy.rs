@@ -128,7 +128,7 @@ fn response(c: &mut Criterion) {
     };
     let r = answer();
     g.bench_function("is_event_stream", |b| {
-        b.iter(|| aipgw::proxy::is_event_stream(black_box(r.headers())))
+        b.iter(|| aipgw::relay_body::is_event_stream(black_box(r.headers())))
     });
     g.bench_function("build_answer_only", |b| b.iter(|| black_box(answer())));
     g.bench_function("build_answer_and_vet_2xx_json", |b| {

@@ -11,7 +11,13 @@
 
 use bytes::{Bytes, BytesMut};
 use http_body::Body;
+use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::BodyExt;
+
+/// Errors inside response bodies.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The body of every response the gateway sends.
+pub type ResponseBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// Why a body could not be read.
 #[derive(Debug, PartialEq, Eq)]

@@ -8,10 +8,21 @@
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 
-use crate::config::raw::ErrorStatus;
 use crate::identity::CredentialError;
 use crate::jsonrpc::envelope::EnvelopeError;
 use crate::jsonrpc::reply::{error_body, ErrorData, RpcId};
+
+/// The HTTP status of the gateway's own JSON-RPC errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ErrorStatus {
+    /// Each error keeps its mapped status (401, 403, 400, 429, 502, ...).
+    #[default]
+    Mapped,
+    /// Every JSON-RPC error is answered with HTTP 200, except body-size, method and
+    /// body-timeout refusals (413, 405, 408), whose HTTP meaning a client needs.
+    Ok,
+}
 
 /// JSON-RPC / AIP error codes the gateway uses.
 pub mod codes {

@@ -38,8 +38,10 @@
 //! - [`sse`]: SSE splitting, event inspection, the replay buffer and the relay.
 //! - [`policy`]: who may call what: access rules, roles, block list, task ownership.
 //! - [`ratelimit`]: per-AIC and per-Partner quotas (governor), concurrency limits.
-//! - [`body`]: bounded request body reading.
-//! - [`relay_body`]: a Partner's body on its way back: idle bound, event count, permits.
+//! - [`body`]: bounded request body reading; the response body type.
+//! - [`headers`]: the header names the gateway sets, and the hop-by-hop ones it drops.
+//! - [`relay_body`]: a Partner's answer on its way back: its headers filtered, its body
+//!   under an idle bound, events counted, permits held until it ends.
 //! - [`outcome`]: how a body ended after its head was sent (access log, metrics).
 //! - [`access_log`]: the request's log line and metrics, filled along the pipeline and
 //!   written once when the response body ends.
@@ -65,6 +67,7 @@ pub mod devcerts;
 pub mod error;
 pub mod fdlimit;
 pub mod gateway;
+pub mod headers;
 pub mod hex;
 pub mod identity;
 pub mod inspect;

@@ -59,7 +59,7 @@ fn main() -> ExitCode {
         .unwrap_or_else(|| "info".to_owned());
     let json = config
         .as_ref()
-        .is_some_and(|c| c.log_format == aipgw::config::raw::LogFormat::Json);
+        .is_some_and(|c| c.log_format == aipgw::config::LogFormat::Json);
     init_tracing(&level, json);
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();

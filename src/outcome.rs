@@ -4,7 +4,7 @@
 //! The status line goes out before the body, so a body that fails later cannot change it;
 //! the access log and `requests_total` then carry the failure as `code=-32603` and its
 //! reason, and a Partner-caused one is counted in `upstream_errors_total`. Plain bodies
-//! report their end as an error frame (a [`crate::relay_body::RelayError`], seen by the
+//! report their end as an error frame (a `RelayError` (of `relay_body`), seen by the
 //! server's body wrapper); event streams end cleanly with a final error event, so they
 //! report through a [`StreamTally`] shared with the access log.
 

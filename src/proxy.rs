@@ -22,7 +22,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response};
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full};
 use hyper::body::Incoming;
@@ -30,43 +30,23 @@ use hyper::body::Incoming;
 use crate::access_log::{LogText, RequestLog};
 use crate::answer::{read_up_to, Read};
 use crate::body::{read_bounded, BodyError};
-use crate::config::raw::AipVersion;
+pub use crate::body::{BoxError, ResponseBody};
+use crate::config::AipVersion;
 use crate::error::GatewayError;
 use crate::gateway::Snapshot;
+use crate::headers::{gateway_owned, keep_end_to_end, names};
+pub use crate::headers::{CLIENT_AIC_HEADER, CLIENT_CERT_HEADER};
 use crate::identity::verdict::unix_now;
 use crate::identity::{Aic, ConnAuth, ConnIdentity, PeerIdentity};
 use crate::jsonrpc::envelope::{EnvelopeError, Shape};
 use crate::jsonrpc::{self, Command, Method, RpcId};
 use crate::policy::tasks::{check_task, PendingClaim};
 use crate::ratelimit::Refusal;
-use crate::relay_body::{Relayed, SseTail};
+pub use crate::relay_body::hold;
+use crate::relay_body::{is_event_stream, relay_response, SseTail};
 use crate::routing::{request_host, Route};
 use crate::streams::{self, StreamRequest};
 use crate::trace::TraceContext;
-use std::time::Duration;
-
-/// Errors inside response bodies.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-/// The body of every response the gateway sends.
-pub type ResponseBody = UnsyncBoxBody<Bytes, BoxError>;
-
-/// Header carrying the caller's verified AIC to the Partner.
-pub const CLIENT_AIC_HEADER: &str = "x-aip-client-aic";
-/// Header carrying the SHA-256 of the caller's certificate to the Partner.
-pub const CLIENT_CERT_HEADER: &str = "x-aip-client-cert-sha256";
-
-/// The names the gateway sets, made once: inserting by a `&str` name that is not a
-/// standard header allocates the name anew each time.
-pub(crate) mod names {
-    use http::HeaderName;
-
-    pub(crate) static CLIENT_AIC: HeaderName = HeaderName::from_static(super::CLIENT_AIC_HEADER);
-    pub(crate) static CLIENT_CERT: HeaderName = HeaderName::from_static(super::CLIENT_CERT_HEADER);
-    pub(crate) static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-    pub(crate) static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-    pub(crate) static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
-    pub(crate) static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-}
 
 /// What a request knows about its connection.
 #[derive(Debug)]
@@ -395,11 +375,6 @@ fn check_generation(
     }
 }
 
-/// Whether a response is an event stream.
-pub fn is_event_stream(headers: &HeaderMap) -> bool {
-    crate::answer::media_type(headers).eq_ignore_ascii_case("text/event-stream")
-}
-
 /// A body from the Partner, before it is relayed.
 type UpstreamBody = UnsyncBoxBody<Bytes, BoxError>;
 
@@ -460,15 +435,6 @@ where
     Ok(Response::from_parts(parts, b))
 }
 
-/// A response body that keeps `guard` alive until the body ends (permits, counters).
-pub fn hold<G: Send + Unpin + 'static>(body: ResponseBody, guard: G) -> ResponseBody {
-    Held {
-        body,
-        _guard: guard,
-    }
-    .boxed_unsync()
-}
-
 /// A quota refusal. The body is read to echo the request id only when it is small
 /// (`ratelimit.reply_id_max_bytes`), so a throttled client costs little; otherwise the id
 /// is `null` and the HTTP/1 connection closes (its body was left unread).
@@ -501,29 +467,6 @@ async fn refused(
     (err, id)
 }
 
-/// A response body holding a guard until it ends.
-struct Held<G> {
-    body: ResponseBody,
-    _guard: G,
-}
-
-impl<G: Send + Unpin + 'static> http_body::Body for Held<G> {
-    type Data = Bytes;
-    type Error = BoxError;
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
-        std::pin::Pin::new(&mut self.body).poll_frame(cx)
-    }
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
-    }
-}
-
 /// The request to the Partner. Its body is the client's body `Bytes` itself (a reference
 /// count, not a copy): what was parsed is exactly what is forwarded.
 pub fn upstream_request(body: Bytes, uri: http::Uri, headers: HeaderMap) -> Request<Full<Bytes>> {
@@ -532,70 +475,6 @@ pub fn upstream_request(body: Bytes, uri: http::Uri, headers: HeaderMap) -> Requ
     *req.uri_mut() = uri;
     *req.headers_mut() = headers;
     req
-}
-
-/// Headers that describe one hop and must not be forwarded (RFC 9110 7.6.1), plus
-/// those set by the gateway itself.
-fn is_hop_by_hop(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "proxy-authenticate"
-            | "proxy-authorization"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-    )
-}
-
-/// Header names listed in `Connection:` (also hop-by-hop).
-fn connection_listed(headers: &HeaderMap) -> Vec<HeaderName> {
-    headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .collect()
-}
-
-/// Drops hop-by-hop headers (and those `extra_skip` names) in place. Nothing is
-/// allocated: each pass finds one name to drop, and a request has few.
-fn keep_end_to_end(headers: &mut HeaderMap, extra_skip: impl Fn(&HeaderName) -> bool) {
-    let listed = connection_listed(headers);
-    while let Some(name) = headers
-        .keys()
-        .find(|n| is_hop_by_hop(n) || listed.contains(n) || extra_skip(n))
-        .cloned()
-    {
-        headers.remove(&name);
-    }
-}
-
-/// Whether a client header speaks for the gateway and must not reach the Partner: its
-/// name, read with `_` as `-` (CGI and WSGI servers fold both to `HTTP_X_...`), is one the
-/// gateway sets or owns: identity (`x-aip-*`), proxy facts (`x-forwarded-*`,
-/// `forwarded`, `x-real-ip`), and `x-request-id` unless the client's is kept (it is then
-/// re-inserted by `trace::ensure`).
-fn gateway_owned(name: &HeaderName) -> bool {
-    let n = name.as_str();
-    if n == "host" || n == "content-length" {
-        return true;
-    }
-    // Header names are lowercase already; only the separator needs folding. Names are
-    // short, so the fold is a stack copy.
-    let mut buf = [0u8; 20];
-    let len = n.len().min(buf.len());
-    for (d, s) in buf.iter_mut().zip(n.as_bytes()) {
-        *d = if *s == b'_' { b'-' } else { *s };
-    }
-    let folded = &buf[..len];
-    folded.starts_with(b"x-aip-")
-        || folded.starts_with(b"x-forwarded-")
-        || (n.len() <= buf.len() && matches!(folded, b"forwarded" | b"x-real-ip" | b"x-request-id"))
 }
 
 /// The request headers for the Partner: end-to-end client headers, minus anything the
@@ -621,30 +500,6 @@ pub fn upstream_headers(
     );
     headers.insert(header::FORWARDED, forwarded.clone());
     headers
-}
-
-/// The Partner's response, streamed back with hop-by-hop headers removed, each pause in
-/// its body bounded by `idle` (see [`Relayed`]), and `held` (the request's permits) kept
-/// until the body ends. `sse` gives the tail an event stream needs; it is called only for
-/// one.
-pub fn relay_response<B, G>(
-    resp: Response<B>,
-    idle: Duration,
-    sse: impl FnOnce() -> SseTail,
-    held: G,
-) -> Response<ResponseBody>
-where
-    B: http_body::Body<Data = Bytes> + Unpin + Send + 'static,
-    B::Error: Into<BoxError>,
-    G: Send + Unpin + 'static,
-{
-    let (mut parts, body) = resp.into_parts();
-    let sse = is_event_stream(&parts.headers).then(sse);
-    let mut out = Response::new(Relayed::new(body, idle, sse, held).boxed_unsync());
-    *out.status_mut() = parts.status;
-    keep_end_to_end(&mut parts.headers, |_| false);
-    *out.headers_mut() = parts.headers;
-    out
 }
 
 #[cfg(test)]

@@ -18,15 +18,18 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::{HeaderMap, Response};
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
 use tokio::time::{Instant, Sleep};
 
-use crate::config::raw::OnUpstreamFailure;
+use crate::body::{BoxError, ResponseBody};
+use crate::headers::keep_end_to_end;
 use crate::jsonrpc::RpcId;
 use crate::outcome::{Ending, StreamTally};
-use crate::proxy::BoxError;
 use crate::sse::count::EventCounter;
 use crate::sse::relay::error_event;
+use crate::sse::relay::OnUpstreamFailure;
 
 /// Why a relayed body ended early: the error frame a plain body ends with (read back by
 /// the access log), and the reason an event stream's final error event carries.
@@ -202,6 +205,67 @@ where
             Some(b) if self.sse.is_none() => b.size_hint(),
             _ => SizeHint::default(),
         }
+    }
+}
+
+/// Whether a response is an event stream.
+pub fn is_event_stream(headers: &HeaderMap) -> bool {
+    crate::answer::media_type(headers).eq_ignore_ascii_case("text/event-stream")
+}
+
+/// The Partner's response, streamed back with hop-by-hop headers removed, each pause in
+/// its body bounded by `idle` (see [`Relayed`]), and `held` (the request's permits) kept
+/// until the body ends. `sse` gives the tail an event stream needs; it is called only for
+/// one.
+pub fn relay_response<B, G>(
+    resp: Response<B>,
+    idle: Duration,
+    sse: impl FnOnce() -> SseTail,
+    held: G,
+) -> Response<ResponseBody>
+where
+    B: http_body::Body<Data = Bytes> + Unpin + Send + 'static,
+    B::Error: Into<BoxError>,
+    G: Send + Unpin + 'static,
+{
+    let (mut parts, body) = resp.into_parts();
+    let sse = is_event_stream(&parts.headers).then(sse);
+    let mut out = Response::new(Relayed::new(body, idle, sse, held).boxed_unsync());
+    *out.status_mut() = parts.status;
+    keep_end_to_end(&mut parts.headers, |_| false);
+    *out.headers_mut() = parts.headers;
+    out
+}
+
+/// A response body that keeps `guard` alive until the body ends (permits, counters).
+pub fn hold<G: Send + Unpin + 'static>(body: ResponseBody, guard: G) -> ResponseBody {
+    Held {
+        body,
+        _guard: guard,
+    }
+    .boxed_unsync()
+}
+
+/// A response body holding a guard until it ends.
+struct Held<G> {
+    body: ResponseBody,
+    _guard: G,
+}
+
+impl<G: Send + Unpin + 'static> http_body::Body for Held<G> {
+    type Data = Bytes;
+    type Error = BoxError;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 

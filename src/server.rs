@@ -30,13 +30,15 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use crate::access_log::{AccessLog, RequestLog};
+use crate::body::{BoxError, ResponseBody};
 use crate::gateway::Gateway;
 use crate::identity::verdict::unix_now;
 use crate::identity::{ConnAuth, ConnIdentity};
 use crate::metrics::ReasonLabels;
 use crate::outcome::Ending;
-use crate::proxy::{self, BoxError, ConnInfo, ResponseBody};
+use crate::proxy::{self, ConnInfo};
 use crate::ratelimit::concurrency::{KeyedCounts, KeyedPermit};
+use crate::relay_body::is_event_stream;
 use crate::relay_body::RelayError;
 
 /// Runs `f` when dropped.
@@ -234,7 +236,7 @@ async fn serve_connection(
                     status,
                     bytes_out: 0,
                     // Only a request that made a stream tally can have an event stream.
-                    streamed: log_streams && proxy::is_event_stream(resp.headers()),
+                    streamed: log_streams && is_event_stream(resp.headers()),
                     cut: None,
                 };
                 Ok::<_, Infallible>(resp.map(|body| Tracked {

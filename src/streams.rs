@@ -23,15 +23,16 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 
+use crate::body::ResponseBody;
 use crate::error::GatewayError;
 use crate::gateway::Snapshot;
 use crate::identity::PeerIdentity;
 use crate::jsonrpc::{Command, RpcId};
 use crate::outcome::{partner_caused, StreamTally};
 use crate::policy::tasks::PendingClaim;
-use crate::proxy::{is_event_stream, relay_response, ResponseBody};
 use crate::ratelimit::concurrency::InFlightPermit;
 use crate::relay_body::SseTail;
+use crate::relay_body::{hold, is_event_stream, relay_response};
 use crate::routing::Partner;
 use crate::sse::relay::{follow, record_upstream};
 use crate::sse::replay::{StreamEnd, StreamKey, StreamMeta};
@@ -125,10 +126,7 @@ pub async fn handle(
                     work.tally,
                     settings.on_upstream_failure,
                 );
-                return Ok(sse_response(counted(
-                    snap,
-                    crate::proxy::hold(body, permit),
-                )));
+                return Ok(sse_response(counted(snap, hold(body, permit))));
             }
             tracing::debug!(task = %key.task_id, "re-stream needs evicted events: forwarding");
         }
@@ -208,7 +206,7 @@ fn counted(snap: &Snapshot, body: ResponseBody) -> ResponseBody {
     }
     let gauge = snap.metrics.open_streams.clone();
     gauge.inc();
-    crate::proxy::hold(body, Open(gauge))
+    hold(body, Open(gauge))
 }
 
 fn sse_response(body: ResponseBody) -> Response<ResponseBody> {

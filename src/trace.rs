@@ -4,7 +4,7 @@
 
 use http::header::{HeaderMap, HeaderValue};
 
-use crate::proxy::names;
+use crate::headers::names;
 use std::cell::RefCell;
 
 use ring::rand::{SecureRandom, SystemRandom};

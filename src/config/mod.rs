@@ -19,6 +19,9 @@ use crate::jsonrpc::Method;
 pub use raw::ClientAuthMode;
 use raw::{RawConfig, RawPartner};
 
+/// Settings enums the rest of the gateway names (the file's raw structs stay in `raw`).
+pub use raw::{AipVersion, LogFormat};
+
 /// A validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {

@@ -9,6 +9,11 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+// Settings enums that belong to the modules acting on them; the file reads them here.
+pub use crate::error::ErrorStatus;
+pub use crate::policy::tasks::UnknownTask;
+pub use crate::sse::relay::OnUpstreamFailure;
+
 /// The whole file.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -144,29 +149,6 @@ pub enum ClientAuthMode {
     Jsonrpc,
     /// Fail the handshake on a missing or bad certificate.
     Strict,
-}
-
-/// The HTTP status of the gateway's own JSON-RPC errors.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum ErrorStatus {
-    /// Each error keeps its mapped status (401, 403, 400, 429, 502, ...).
-    #[default]
-    Mapped,
-    /// Every JSON-RPC error is answered with HTTP 200, except body-size, method and
-    /// body-timeout refusals (413, 405, 408), whose HTTP meaning a client needs.
-    Ok,
-}
-
-/// What a Leader gets when a Partner's stream fails before a terminal state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum OnUpstreamFailure {
-    /// A final JSON-RPC -32603 event with the reason and `lastEventSeq`.
-    #[default]
-    ErrorEvent,
-    /// The stream just ends (the replay buffer still records how it ended).
-    Close,
 }
 
 /// How dotted AIC check codes are verified.
@@ -468,17 +450,6 @@ impl Default for RawPolicy {
             tasks: RawTasks::default(),
         }
     }
-}
-
-/// What to do with a command on a task the gateway has no owner for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum UnknownTask {
-    /// Forward it (the task may predate the gateway, or its entry was evicted).
-    #[default]
-    Forward,
-    /// Refuse it (-32009, `unknown_task`).
-    Refuse,
 }
 
 /// `[policy.tasks]`

@@ -30,7 +30,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
-use crate::proxy::{BoxError, ResponseBody};
+use crate::body::{BoxError, ResponseBody};
 
 /// Demo Partner settings.
 #[derive(Debug, Clone)]
@@ -352,7 +352,7 @@ impl DemoPartner {
         }
         let caller = req
             .headers()
-            .get(crate::proxy::CLIENT_AIC_HEADER)
+            .get(crate::headers::CLIENT_AIC_HEADER)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("an unknown caller")
             .to_owned();

@@ -18,6 +18,9 @@ use serde_json::value::RawValue;
 use super::lenient::{LooseObj, LooseSeq, LooseStr};
 use super::vocab::{Command, Method};
 
+/// The fast path: a strict borrowed read of well-formed requests.
+mod strict;
+
 /// Why an envelope was refused; the proxy maps each to its JSON-RPC code.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EnvelopeError {
@@ -372,7 +375,7 @@ fn parse_with(body: &[u8], fast: bool) -> Result<Parsed<'_>, ParseFailure<'_>> {
     }
     // Fast path: valid requests parse strictly; anything else takes the lenient pass.
     if fast {
-        if let Some(raw) = super::strict::read(body) {
+        if let Some(raw) = strict::read(body) {
             return Ok(Parsed { raw });
         }
     }

@@ -4,7 +4,6 @@
 pub mod envelope;
 pub mod lenient;
 pub mod reply;
-mod strict;
 pub mod vocab;
 
 pub use envelope::{parse, Envelope, EnvelopeError, MessageFacts, Parsed};

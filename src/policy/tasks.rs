@@ -57,6 +57,17 @@ pub trait TaskOwners: Send + Sync {
     }
 }
 
+/// What to do with a command on a task the gateway has no owner for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnknownTask {
+    /// Forward it (the task may predate the gateway, or its entry was evicted).
+    #[default]
+    Forward,
+    /// Refuse it (-32009, `unknown_task`).
+    Refuse,
+}
+
 /// An entry's Partner name, task id and session id, in one allocation: entries outlive
 /// the streams around them (`policy.tasks.ttl`, a day by default), and three small
 /// allocations each pinned three times the allocator pages after a burst of streams ended.
@@ -347,7 +358,7 @@ impl std::fmt::Debug for PendingClaim {
 #[allow(clippy::too_many_arguments)]
 pub fn check_task(
     owners: &Arc<dyn TaskOwners>,
-    unknown: crate::config::raw::UnknownTask,
+    unknown: UnknownTask,
     partner: &str,
     aic: &Aic,
     method: crate::jsonrpc::Method,
@@ -380,12 +391,10 @@ pub fn check_task(
     match owners.owner(partner, task) {
         Some(owner) if owner != *aic => Err(not_owner(owner)),
         Some(_) => Ok(None),
-        None if unknown == crate::config::raw::UnknownTask::Refuse => {
-            Err(crate::error::GatewayError::Forbidden {
-                reason: "unknown_task",
-                detail: format!("task {task:?} has no known owner"),
-            })
-        }
+        None if unknown == UnknownTask::Refuse => Err(crate::error::GatewayError::Forbidden {
+            reason: "unknown_task",
+            detail: format!("task {task:?} has no known owner"),
+        }),
         None => Ok(None),
     }
 }

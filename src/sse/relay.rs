@@ -20,11 +20,21 @@ use tokio::time::Instant;
 use super::event::inspect;
 use super::replay::{Cursor, Entry, StreamEnd, StreamRecord, NO_SEQ};
 use super::splitter::{RawEvent, Splitter};
-use crate::config::raw::OnUpstreamFailure;
+use crate::body::{BoxError, ResponseBody};
 use crate::error::codes;
 use crate::jsonrpc::reply::{error_body, ErrorData, RpcId};
 use crate::outcome::{Ending, StreamTally};
-use crate::proxy::{BoxError, ResponseBody};
+
+/// What a Leader gets when a Partner's stream fails before a terminal state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OnUpstreamFailure {
+    /// A final JSON-RPC -32603 event with the reason and `lastEventSeq`.
+    #[default]
+    ErrorEvent,
+    /// The stream just ends (the replay buffer still records how it ended).
+    Close,
+}
 
 /// Stream timing and size bounds (see `[stream]` in the config).
 #[derive(Debug, Clone, Copy)]

@@ -1,6 +1,6 @@
 //! The replay buffer's interface: a keyed store of stream records.
 //!
-//! Two small traits so that the in-memory default ([`super::memory::MemoryStore`]) and a
+//! Two small traits so that the in-memory default (`memory::MemoryStore`) and a
 //! Redis-backed store for multi-instance deployments can both implement them: a record is
 //! an append-only log of events (XADD/XRANGE-shaped), plus a change signal and a follower
 //! count.

@@ -7,6 +7,7 @@ mod enforcement;
 mod envelope;
 mod faults;
 mod forward;
+mod layout;
 mod ops;
 mod policy;
 mod reload;

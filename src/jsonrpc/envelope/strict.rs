@@ -24,8 +24,8 @@ use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, Visitor};
 use serde::Deserializer;
 use serde_json::value::RawValue;
 
-use super::envelope::{Carrier, RawCommandParams, RawEnvelope, RawMessage, RawParams};
-use super::lenient::{LooseObj, LooseSeq, LooseStr};
+use super::{Carrier, RawCommandParams, RawEnvelope, RawMessage, RawParams};
+use crate::jsonrpc::lenient::{LooseObj, LooseSeq, LooseStr};
 
 /// Reads `body` strictly; `None` sends it to the lenient pass.
 pub(super) fn read(body: &[u8]) -> Option<RawEnvelope<'_>> {

@@ -1,0 +1,86 @@
+//! The headers the gateway owns: the names it sets for Partners (made once), and which
+//! client or Partner headers are one hop's and never forwarded.
+
+use http::header::{self, HeaderMap, HeaderName};
+
+/// Header carrying the caller's verified AIC to the Partner.
+pub const CLIENT_AIC_HEADER: &str = "x-aip-client-aic";
+/// Header carrying the SHA-256 of the caller's certificate to the Partner.
+pub const CLIENT_CERT_HEADER: &str = "x-aip-client-cert-sha256";
+
+/// The names the gateway sets, made once: inserting by a `&str` name that is not a
+/// standard header allocates the name anew each time.
+pub(crate) mod names {
+    use http::HeaderName;
+
+    pub(crate) static CLIENT_AIC: HeaderName = HeaderName::from_static(super::CLIENT_AIC_HEADER);
+    pub(crate) static CLIENT_CERT: HeaderName = HeaderName::from_static(super::CLIENT_CERT_HEADER);
+    pub(crate) static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+    pub(crate) static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+    pub(crate) static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+    pub(crate) static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+}
+
+/// Headers that describe one hop and must not be forwarded (RFC 9110 7.6.1), plus
+/// those set by the gateway itself.
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
+
+/// Header names listed in `Connection:` (also hop-by-hop).
+fn connection_listed(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect()
+}
+
+/// Drops hop-by-hop headers (and those `extra_skip` names) in place. Nothing is
+/// allocated: each pass finds one name to drop, and a request has few.
+pub(crate) fn keep_end_to_end(headers: &mut HeaderMap, extra_skip: impl Fn(&HeaderName) -> bool) {
+    let listed = connection_listed(headers);
+    while let Some(name) = headers
+        .keys()
+        .find(|n| is_hop_by_hop(n) || listed.contains(n) || extra_skip(n))
+        .cloned()
+    {
+        headers.remove(&name);
+    }
+}
+
+/// Whether a client header speaks for the gateway and must not reach the Partner: its
+/// name, read with `_` as `-` (CGI and WSGI servers fold both to `HTTP_X_...`), is one the
+/// gateway sets or owns: identity (`x-aip-*`), proxy facts (`x-forwarded-*`,
+/// `forwarded`, `x-real-ip`), and `x-request-id` unless the client's is kept (it is then
+/// re-inserted by `trace::ensure`).
+pub(crate) fn gateway_owned(name: &HeaderName) -> bool {
+    let n = name.as_str();
+    if n == "host" || n == "content-length" {
+        return true;
+    }
+    // Header names are lowercase already; only the separator needs folding. Names are
+    // short, so the fold is a stack copy.
+    let mut buf = [0u8; 20];
+    let len = n.len().min(buf.len());
+    for (d, s) in buf.iter_mut().zip(n.as_bytes()) {
+        *d = if *s == b'_' { b'-' } else { *s };
+    }
+    let folded = &buf[..len];
+    folded.starts_with(b"x-aip-")
+        || folded.starts_with(b"x-forwarded-")
+        || (n.len() <= buf.len() && matches!(folded, b"forwarded" | b"x-real-ip" | b"x-request-id"))
+}
