@@ -7,7 +7,8 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY benches ./benches
-RUN cargo build --release --locked --bin aipgw
+# The production build leaves out the demo and the development certificate generator.
+RUN cargo build --release --locked --no-default-features --features jemalloc --bin aipgw
 
 FROM debian:bookworm-slim
 RUN useradd --system --uid 10001 --no-create-home aipgw

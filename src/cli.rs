@@ -33,12 +33,14 @@ pub enum Command {
         config: PathBuf,
     },
     /// Run the gateway in front of the demo Partner with the development certificates.
+    #[cfg(feature = "dev")]
     Demo {
         /// Config file.
         #[arg(long, short, default_value = "config/aipgw.toml")]
         config: PathBuf,
     },
     /// Run the demo Partner alone (plain HTTP).
+    #[cfg(feature = "dev")]
     DemoPartner {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:19021")]
@@ -55,6 +57,7 @@ pub enum Command {
         config: Option<PathBuf>,
     },
     /// Write development certificates (a CA, gateway, Leaders, Partner).
+    #[cfg(feature = "dev")]
     DevCerts {
         /// Output folder.
         #[arg(long, default_value = "certs")]

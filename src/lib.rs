@@ -49,8 +49,8 @@
 //!   task owners.
 //! - [`error`]: the one error type and its mapping.
 //! - [`fdlimit`]: the open-file limit raised at start and checked against the bounds.
-//! - [`devcerts`]: development certificate generation (rcgen).
-//! - [`demo`]: a demo Partner implementing the AIP task state machine.
+//! - `devcerts`: development certificate generation (rcgen); `dev` feature.
+//! - `demo`: a demo Partner implementing the AIP task state machine; `dev` feature.
 //! - [`cli`]: the command line.
 //! - [`admin`], [`metrics`], [`trace`], [`reload`], [`inspect`]: operations (admin
 //!   listener, Prometheus metrics, trace context, hot reload, `inspect-cert`).
@@ -62,7 +62,9 @@ pub mod answer;
 pub mod body;
 pub mod cli;
 pub mod config;
+#[cfg(feature = "dev")]
 pub mod demo;
+#[cfg(feature = "dev")]
 pub mod devcerts;
 pub mod error;
 pub mod fdlimit;

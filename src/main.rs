@@ -42,15 +42,18 @@ fn main() -> ExitCode {
         }
     };
     // `run` and `demo` log as their config says; a bad config is reported before that.
-    let config = match &cli.command {
-        Command::Run { config } | Command::Demo { config } => match Config::load(config) {
-            Ok(c) => Some(c),
-            Err(e) => {
-                eprintln!("aipgw: {e:#}");
-                return ExitCode::from(EX_USAGE);
-            }
-        },
+    let path = match &cli.command {
+        Command::Run { config } => Some(config),
+        #[cfg(feature = "dev")]
+        Command::Demo { config } => Some(config),
         _ => None,
+    };
+    let config = match path.map(|p| Config::load(p)).transpose() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("aipgw: {e:#}");
+            return ExitCode::from(EX_USAGE);
+        }
     };
     let level = cli
         .log
@@ -173,9 +176,11 @@ async fn dispatch(command: Command, config: Option<Config>) -> Result<(), Failur
                 )))
             }
         }
+        #[cfg(feature = "dev")]
         Command::Demo { config: path } => aipgw::demo::run(&path, shutdown_signal())
             .await
             .map_err(usage),
+        #[cfg(feature = "dev")]
         Command::DemoPartner { bind } => {
             let listener = TcpListener::bind(&bind)
                 .await
@@ -186,6 +191,7 @@ async fn dispatch(command: Command, config: Option<Config>) -> Result<(), Failur
                 .await
                 .map_err(|e| failed(e.into()))
         }
+        #[cfg(feature = "dev")]
         Command::DevCerts { out } => {
             aipgw::devcerts::write_dev_certs(&out).map_err(failed)?;
             println!("development certificates written to {}", out.display());

@@ -150,7 +150,7 @@ fn strip_scheme<'a>(uri: &'a str, scheme: &str) -> Option<&'a str> {
     Some(rest.strip_suffix('/').unwrap_or(rest))
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "dev"))]
 mod tests {
     use super::*;
     use crate::devcerts::{CertSpec, DevCa};
