@@ -21,13 +21,7 @@ pub struct LogText(Bytes);
 
 impl LogText {
     pub(crate) fn of(body: &Bytes, text: &str) -> LogText {
-        let t = text.as_bytes();
-        let (start, at) = (body.as_ptr() as usize, t.as_ptr() as usize);
-        if at >= start && at + t.len() <= start + body.len() {
-            LogText(body.slice_ref(t))
-        } else {
-            LogText(Bytes::copy_from_slice(t))
-        }
+        LogText(crate::body::share_or_copy(body, text.as_bytes()))
     }
 
     /// The text (valid UTF-8: it came from a validated body or a `str`).

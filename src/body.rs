@@ -19,6 +19,18 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// The body of every response the gateway sends.
 pub type ResponseBody = UnsyncBoxBody<Bytes, BoxError>;
 
+/// `part` as a `Bytes`: a slice of `body` (a reference count, no copy) when it lies
+/// inside it, as what is parsed by borrowing from the body does; a copy otherwise (an
+/// unescaped string, say).
+pub fn share_or_copy(body: &Bytes, part: &[u8]) -> Bytes {
+    let (base, at) = (body.as_ptr() as usize, part.as_ptr() as usize);
+    if at >= base && at + part.len() <= base + body.len() {
+        body.slice_ref(part)
+    } else {
+        Bytes::copy_from_slice(part)
+    }
+}
+
 /// Why a body could not be read.
 #[derive(Debug, PartialEq, Eq)]
 pub enum BodyError {
@@ -78,6 +90,20 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_part_of_the_body_is_shared_and_anything_else_copied() {
+        let body = Bytes::from_static(b"{\"id\":\"abc\"}");
+        let inside = share_or_copy(&body, &body[7..10]);
+        assert_eq!(
+            (inside.as_ptr(), &inside[..]),
+            (body[7..].as_ptr(), &b"abc"[..])
+        );
+        let elsewhere = String::from("abc");
+        let copied = share_or_copy(&body, elsewhere.as_bytes());
+        assert_eq!(&copied[..], b"abc");
+        assert_ne!(copied.as_ptr(), elsewhere.as_ptr());
+    }
     use http_body_util::{Full, StreamBody};
     use std::convert::Infallible;
 

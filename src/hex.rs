@@ -5,12 +5,9 @@ const DIGITS: &[u8; 16] = b"0123456789abcdef";
 
 /// `bytes` as lowercase hex.
 pub fn encode(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
-    }
-    out
+    let mut out = vec![0u8; bytes.len() * 2];
+    encode_into(bytes, &mut out);
+    String::from_utf8(out).expect("hex digits are ASCII")
 }
 
 /// `bytes` as lowercase hex into `out` (twice as long), without allocating.

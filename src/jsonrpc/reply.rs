@@ -21,14 +21,7 @@ impl RpcId {
     ///
     /// `raw` must borrow from `body`, as every `&RawValue` parsed from it does.
     pub fn from_body(body: &Bytes, raw: &RawValue) -> Self {
-        let text = raw.get().as_bytes();
-        let start = text.as_ptr() as usize;
-        let base = body.as_ptr() as usize;
-        if start >= base && start + text.len() <= base + body.len() {
-            RpcId(body.slice_ref(text))
-        } else {
-            RpcId(Bytes::copy_from_slice(text))
-        }
+        RpcId(crate::body::share_or_copy(body, raw.get().as_bytes()))
     }
 
     /// The id's JSON text.

@@ -63,6 +63,30 @@ impl Setup {
             )
             .await
     }
+    /// Runs `task`'s stream to its end: the Partner sends events 1 to `last` (the last one
+    /// completes the task) and the Leader gets them all.
+    async fn complete(&self, task: &str, last: u64) {
+        let mut leader = self.start(task, false).await;
+        let feed = self.partner.feed(task).await;
+        feed_events(&feed, 1..=last, Some((last, "completed"))).await;
+        drop(feed);
+        assert_eq!(
+            seqs_until_end(&mut leader).await,
+            (1..=last).collect::<Vec<_>>()
+        );
+    }
+    /// Leader B (not the owner) asks to re-stream `task` from the start, request id "x".
+    async fn restream_as_other_leader(&self, task: &str) -> Reply {
+        let b = self.pki.issue(&CertSpec::leader_v2(LEADER_B));
+        Leader::new(&self.pki, Some(&b), false)
+            .post(
+                self.gw.addr,
+                "/p/stream",
+                &stream_body("\"x\"", LEADER_B, task, "re-stream", Some(0)),
+            )
+            .await
+            .unwrap()
+    }
 }
 
 /// The Partner sends working event `n`; the Leader receives it.
@@ -170,27 +194,10 @@ async fn restream_of_a_live_stream_then_live_events() {
 #[tokio::test]
 async fn restream_is_refused_by_the_buffer_when_the_task_owner_was_evicted() {
     let s = setup(Restream::Error, "[policy.tasks]\nmax_entries = 1").await;
-    let mut leader = s.start("t", false).await;
-    let feed = s.partner.feed("t").await;
-    feed_events(&feed, 1..=2, Some((2, "completed"))).await;
-    drop(feed);
-    assert_eq!(seqs_until_end(&mut leader).await, vec![1, 2]);
+    s.complete("t", 2).await;
     // A second task takes the only ownership entry.
-    let mut next = s.start("t2", false).await;
-    let feed = s.partner.feed("t2").await;
-    feed_events(&feed, 1..=1, Some((1, "completed"))).await;
-    drop(feed);
-    assert_eq!(seqs_until_end(&mut next).await, vec![1]);
-
-    let b = s.pki.issue(&CertSpec::leader_v2(LEADER_B));
-    let r = Leader::new(&s.pki, Some(&b), false)
-        .post(
-            s.gw.addr,
-            "/p/stream",
-            &stream_body("\"x\"", LEADER_B, "t", "re-stream", Some(0)),
-        )
-        .await
-        .unwrap();
+    s.complete("t2", 1).await;
+    let r = s.restream_as_other_leader("t").await;
     assert_eq!(r.status, 403);
     assert_eq!(r.error(), (-32009, "not_stream_owner".to_owned()));
     assert_eq!(r.json()["id"], "x");
@@ -200,25 +207,12 @@ async fn restream_is_refused_by_the_buffer_when_the_task_owner_was_evicted() {
 #[tokio::test]
 async fn restream_ownership_and_last_event_id() {
     let s = setup(Restream::Error, "").await;
-    let mut leader = s.start("t", false).await;
-    let feed = s.partner.feed("t").await;
-    feed_events(&feed, 1..=4, Some((4, "completed"))).await;
-    drop(feed);
-    assert_eq!(seqs_until_end(&mut leader).await, vec![1, 2, 3, 4]);
+    s.complete("t", 4).await;
 
-    let b = s.pki.issue(&CertSpec::leader_v2(LEADER_B));
-    let other = Leader::new(&s.pki, Some(&b), false);
-    let r = other
-        .post(
-            s.gw.addr,
-            "/p/stream",
-            &stream_body("\"x\"", LEADER_B, "t", "re-stream", Some(0)),
-        )
-        .await
-        .unwrap();
+    let r = s.restream_as_other_leader("t").await;
     assert_eq!(r.status, 403);
     // Task ownership refuses it first (the buffer's own check, `not_stream_owner`, is the
-    // fallback tested below).
+    // fallback: `restream_is_refused_by_the_buffer_when_the_task_owner_was_evicted`).
     assert_eq!(r.error(), (-32009, "not_task_owner".to_owned()));
     assert_eq!(r.json()["id"], "x");
 
