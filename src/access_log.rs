@@ -6,8 +6,15 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
 use tokio::time::Instant;
+
+use crate::body::{BoxError, ResponseBody};
+use crate::relay_body::RelayError;
 
 use crate::identity::Aic;
 use crate::jsonrpc::{Command, Method};
@@ -59,6 +66,21 @@ pub struct RequestLog {
     /// An event stream's tally: the Partner's events relayed to the Leader (not the
     /// gateway's own error event) and how the stream ended.
     pub stream: Option<Arc<StreamTally>>,
+}
+
+impl RequestLog {
+    /// The facts known so far that a later panic must not lose (who, where, which
+    /// method, which request): what `CatchPanic` keeps aside.
+    pub(crate) fn known(&self) -> RequestLog {
+        RequestLog {
+            aic: self.aic,
+            partner: self.partner.clone(),
+            method: self.method,
+            command: self.command,
+            trace: self.trace.clone(),
+            ..RequestLog::default()
+        }
+    }
 }
 
 /// A finished request's line and metrics, written on drop.
@@ -159,5 +181,48 @@ impl Drop for AccessLog {
                 .get_or_create(&route)
                 .observe(up.as_secs_f64());
         }
+    }
+}
+
+/// A response body that counts what it sends and writes the access log line and the
+/// request metrics when it ends or is dropped (so a stream's line has its whole
+/// duration, events, bytes and outcome).
+pub struct Logged {
+    pub(crate) body: ResponseBody,
+    pub(crate) access: AccessLog,
+}
+
+impl Body for Logged {
+    type Data = Bytes;
+    type Error = BoxError;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    self.access.bytes_out += data.len() as u64;
+                }
+            }
+            Poll::Ready(Some(Err(e))) => {
+                self.access.cut = Some(match e.downcast_ref::<RelayError>() {
+                    Some(why) => why.ending(),
+                    None => Ending {
+                        reason: "body_error",
+                        count_upstream: false,
+                    },
+                });
+            }
+            _ => {}
+        }
+        polled
+    }
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
     }
 }

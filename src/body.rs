@@ -6,7 +6,7 @@
 //! this is written by hand for the rest: a declared `Content-Length` over the bound is
 //! refused before a byte is read, the buffer for several frames is sized once from
 //! `Content-Length`, and "too large" stays apart from a failed read.
-//! The envelope parser borrows from the result and the proxy forwards the same `Bytes`.
+//! The envelope parser borrows from the result and `layers::Forward` sends the same `Bytes` on.
 //! The time bound is applied by the caller (`listener.body_read_timeout`).
 
 use bytes::{Bytes, BytesMut};
@@ -18,6 +18,13 @@ use http_body_util::BodyExt;
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// The body of every response the gateway sends.
 pub type ResponseBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// A complete response body from bytes.
+pub fn full(b: Bytes) -> ResponseBody {
+    http_body_util::Full::new(b)
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
 
 /// `part` as a `Bytes`: a slice of `body` (a reference count, no copy) when it lies
 /// inside it, as what is parsed by borrowing from the body does; a copy otherwise (an
@@ -41,50 +48,94 @@ pub enum BodyError {
 }
 
 /// Reads a whole body of at most `limit` bytes.
-pub async fn read_bounded<B>(
-    mut body: B,
-    content_length: Option<u64>,
-    limit: usize,
-) -> Result<Bytes, BodyError>
+pub fn read_bounded<B>(body: B, content_length: Option<u64>, limit: usize) -> ReadBounded<B>
 where
     B: Body<Data = Bytes> + Unpin,
 {
-    if content_length.is_some_and(|n| n > limit as u64) {
-        return Err(BodyError::TooLarge);
+    ReadBounded {
+        body,
+        content_length,
+        limit,
+        first: None,
+        buf: None,
+        total: 0,
+        declared_too_large: content_length.is_some_and(|n| n > limit as u64),
     }
-    let mut first: Option<Bytes> = None;
-    let mut buf: Option<BytesMut> = None;
-    let mut total = 0usize;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|_| BodyError::Read)?;
-        let Ok(data) = frame.into_data() else {
-            continue; // trailers carry nothing the gateway uses
-        };
-        if data.is_empty() {
-            continue;
+}
+
+/// The future of [`read_bounded`]: a named type, so the request path's `ReadBody` step
+/// can hold it without boxing.
+pub struct ReadBounded<B> {
+    body: B,
+    content_length: Option<u64>,
+    limit: usize,
+    first: Option<Bytes>,
+    buf: Option<BytesMut>,
+    total: usize,
+    declared_too_large: bool,
+}
+
+impl<B> ReadBounded<B> {
+    fn take(&mut self) -> Bytes {
+        match (self.first.take(), self.buf.take()) {
+            (_, Some(b)) => b.freeze(),
+            (Some(f), None) => f,
+            (None, None) => Bytes::new(),
         }
-        total += data.len();
-        if total > limit {
-            return Err(BodyError::TooLarge);
-        }
-        match (&mut first, &mut buf) {
-            (None, None) => first = Some(data),
+    }
+
+    fn push(&mut self, data: Bytes) {
+        match (&mut self.first, &mut self.buf) {
+            (None, None) => self.first = Some(data),
             (Some(_), None) => {
-                let head = first.take().unwrap_or_default();
-                let cap = content_length.map_or(total, |n| n as usize).max(total);
+                let head = self.first.take().unwrap_or_default();
+                let total = self.total;
+                let cap = self.content_length.map_or(total, |n| n as usize).max(total);
                 let mut b = BytesMut::with_capacity(cap);
                 b.extend_from_slice(&head);
                 b.extend_from_slice(&data);
-                buf = Some(b);
+                self.buf = Some(b);
             }
             (_, Some(b)) => b.extend_from_slice(&data),
         }
     }
-    Ok(match (first, buf) {
-        (_, Some(b)) => b.freeze(),
-        (Some(f), None) => f,
-        (None, None) => Bytes::new(),
-    })
+}
+
+impl<B> std::future::Future for ReadBounded<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    type Output = Result<Bytes, BodyError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        use std::task::Poll;
+        let this = &mut *self;
+        if this.declared_too_large {
+            return Poll::Ready(Err(BodyError::TooLarge));
+        }
+        loop {
+            let frame = match std::pin::Pin::new(&mut this.body).poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => return Poll::Ready(Ok(this.take())),
+                Poll::Ready(Some(Err(_))) => return Poll::Ready(Err(BodyError::Read)),
+                Poll::Ready(Some(Ok(frame))) => frame,
+            };
+            let Ok(data) = frame.into_data() else {
+                continue; // trailers carry nothing the gateway uses
+            };
+            if data.is_empty() {
+                continue;
+            }
+            this.total += data.len();
+            if this.total > this.limit {
+                return Poll::Ready(Err(BodyError::TooLarge));
+            }
+            this.push(data);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -137,6 +137,13 @@ pub enum GatewayError {
         /// What was wrong.
         detail: String,
     },
+    /// The gateway's own failure: a step panicked, an embedding handler failed, or the
+    /// request path was assembled without a step a later one needs.
+    #[error("internal error ({reason})")]
+    Internal {
+        /// Short label: `panic`, `handler_error`, `missing_step`.
+        reason: &'static str,
+    },
     /// The Partner's answer broke the HTTP protocol.
     #[error("Partner {partner} failed: {detail}")]
     UpstreamProtocol {
@@ -227,6 +234,9 @@ impl GatewayError {
             ),
             GatewayError::RateLimited { reason, .. } => {
                 (StatusCode::TOO_MANY_REQUESTS, RATE_LIMITED, reason)
+            }
+            GatewayError::Internal { reason } => {
+                (StatusCode::INTERNAL_SERVER_ERROR, INTERNAL_ERROR, reason)
             }
         }
     }

@@ -7,20 +7,21 @@
 //!
 //! ## The request flow
 //! ```text
-//! server      accept (connection cap) -> TLS 1.3 handshake (timeout) -> identity::authenticate
-//!             (once per connection) -> HTTP/1.1 or HTTP/2 by ALPN
-//! proxy       per request: routing::Router::route (host + path)
-//!             -> ratelimit::Limiter::check (quotas, before the body is read)
-//!             -> body::read (size + time bounded, one allocation)
-//!             -> jsonrpc::envelope::parse (borrowed) -> authentication verdict + block list
-//!             -> envelope semantics -> senderId binding -> policy (role, access rules,
-//!             task ownership) -> concurrency permits (held until the response ends)
-//!             -> upstream::UpstreamPool::send (same Bytes) -> answer::vet (a 2xx JSON or
-//!             SSE answer passes unread; others must be JSON-RPC) -> response streamed back
-//!             (`stream`: streams::handle records the SSE answer in the replay buffer and
-//!             the Leader follows the record; `re-stream` may be answered from it)
-//! error       every failure is one GatewayError, mapped to HTTP status + JSON-RPC error
-//!             in exactly one place (GatewayError::into_response)
+//! server      accept (connection cap) -> TLS 1.3 handshake (timeout) -> identity once per
+//!             connection (layers::ConnInfo::accepted) -> HTTP/1.1 or HTTP/2 by ALPN
+//! layers      per request, one tower stack (layers::stack, one ServiceBuilder):
+//!             SetSensitiveRequestHeaders -> Respond (request -> Exchange under the
+//!             current snapshot) -> Trace (request id, trace context) -> Authenticate
+//!             (verdict as of now, block list) -> Route (POST, host + path -> Partner)
+//!             -> Quota (before the body) -> ReadBody (size + time bounded, one Bytes)
+//!             -> Envelope (borrowed parse: the id; semantics) -> CatchPanic -> Policy
+//!             (senderId, role, access rules, task ownership) -> Permit (Partner in
+//!             flight) -> Forward (same Bytes to the Partner; answer::vet; relayed back;
+//!             `stream`: layers::streams records it, and may answer a `re-stream`)
+//!             or, for a Partner embedding the path, Handoff (its own handler)
+//! error       every failure is one GatewayError, refused with the request id as a
+//!             layers::Refusal and turned into a response in exactly one place
+//!             (Respond, through GatewayError::into_response)
 //! ```
 //!
 //! ## Modules
@@ -33,8 +34,9 @@
 //! - [`routing`]: the Partner table: host + path -> Partner and method.
 //! - [`upstream`]: pooled clients to Partners, timeouts, identity headers.
 //! - [`answer`]: a Partner's answer judged: relayed, or `upstream_bad_response`.
-//! - [`proxy`]: the per-request pipeline tying the above together.
-//! - [`streams`]: the `stream` method: buffered relay, `re-stream` served by the gateway.
+//! - [`layers`]: the request path as tower layers over an `Exchange`, tying the above
+//!   together; `layers::streams` serves the `stream` method (buffered relay,
+//!   `re-stream` served by the gateway); embeddable in a Partner (`layers::Handoff`).
 //! - [`sse`]: SSE splitting, event inspection, the replay buffer and the relay.
 //! - [`policy`]: who may call what: access rules, roles, block list, task ownership.
 //! - [`ratelimit`]: per-AIC and per-Partner quotas (governor), concurrency limits.
@@ -74,17 +76,16 @@ pub mod hex;
 pub mod identity;
 pub mod inspect;
 pub mod jsonrpc;
+pub mod layers;
 pub mod metrics;
 pub mod outcome;
 pub mod policy;
-pub mod proxy;
 pub mod ratelimit;
 pub mod relay_body;
 pub mod reload;
 pub mod routing;
 pub mod server;
 pub mod sse;
-pub mod streams;
 pub mod tls;
 pub mod trace;
 pub mod upkeep;

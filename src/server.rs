@@ -7,7 +7,7 @@
 //! removed Partner, a new CRL) applies to the next request on every open connection.
 //!
 //! `run` takes an already-bound listener, so tests bind `127.0.0.1:0` and read the port.
-//! Must not: look inside requests (that is `proxy`).
+//! Must not: look inside requests (that is `layers`).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -29,17 +29,14 @@ use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
-use crate::access_log::{AccessLog, RequestLog};
-use crate::body::{BoxError, ResponseBody};
+use tower::ServiceExt;
+
+use crate::access_log::Logged;
+use crate::body::BoxError;
 use crate::gateway::Gateway;
-use crate::identity::verdict::unix_now;
-use crate::identity::{ConnAuth, ConnIdentity};
+use crate::layers::{self, ConnInfo, Forward};
 use crate::metrics::ReasonLabels;
-use crate::outcome::Ending;
-use crate::proxy::{self, ConnInfo};
 use crate::ratelimit::concurrency::{KeyedCounts, KeyedPermit};
-use crate::relay_body::is_event_stream;
-use crate::relay_body::RelayError;
 
 /// Runs `f` when dropped.
 fn scopeguard<F: FnOnce()>(f: F) -> impl Drop {
@@ -173,75 +170,21 @@ async fn serve_connection(
     };
     drop(handshake_slot);
     let (_, session) = tls.get_ref();
-    // A full strict handshake has just verified the chain with these very settings; a
-    // resumed session restores the chain from the session cache unverified, so it is
-    // verified here like any other.
-    let verified_by_handshake = snap.tls.strict
-        && matches!(
-            session.handshake_kind(),
-            Some(rustls::HandshakeKind::Full | rustls::HandshakeKind::FullWithHelloRetryRequest)
-        );
-    // The one identity computation of this connection (repeated only when the trust
-    // settings change or the clock passes the chain's or CRLs' expiry).
-    let identity = ConnIdentity::new(
-        session.peer_certificates(),
-        &snap.tls.trust,
-        verified_by_handshake,
-        unix_now(),
-    );
-    let failure = match identity.last() {
-        ConnAuth::Rejected(e) => {
-            tracing::info!(%peer, reason = e.reason(), "client certificate rejected");
-            Some(e.reason())
-        }
-        ConnAuth::Missing => Some("no_client_certificate"),
-        ConnAuth::Verified(id) => {
-            let labels = crate::metrics::IdentityLabels {
-                form: id.aic.form().label(),
-                check: id.check.label(),
-            };
-            snap.metrics.identities.get_or_create(&labels).inc();
-            None
-        }
-    };
-    if let Some(reason) = failure {
-        let labels = ReasonLabels { reason };
-        snap.metrics.identity_failures.get_or_create(&labels).inc();
-    }
     let h2 = session.alpn_protocol() == Some(b"h2".as_slice());
-    let conn = Arc::new(ConnInfo::new(
-        peer,
-        identity,
-        session.server_name().map(str::to_owned),
-    ));
+    let conn = Arc::new(ConnInfo::accepted(peer, session, &snap));
     let activity = Arc::new(Activity::new());
+    // The request path (`crate::layers`), built once for this connection, ending in
+    // the Partner call.
+    let stack = layers::stack(gateway, conn, Forward);
     let svc = {
         let activity = activity.clone();
         service_fn(move |req| {
             let guard = activity.begin();
-            let conn = conn.clone();
-            // One atomic load: the snapshot current now, not the connection's first.
-            let snap = gateway.snapshot();
+            let answer = stack.clone().oneshot(req);
             async move {
-                let started = Instant::now();
-                let mut log = RequestLog::default();
-                let resp = proxy::handle(req, &conn, &snap, &mut log).await;
-                let status = resp.status().as_u16();
-                let log_streams = log.stream.is_some();
-                let access = AccessLog {
-                    log,
-                    peer: conn.peer,
-                    metrics: snap.metrics.clone(),
-                    started,
-                    status,
-                    bytes_out: 0,
-                    // Only a request that made a stream tally can have an event stream.
-                    streamed: log_streams && is_event_stream(resp.headers()),
-                    cut: None,
-                };
-                Ok::<_, Infallible>(resp.map(|body| Tracked {
+                let resp = answer.await?;
+                Ok::<_, Infallible>(resp.map(|body| Active {
                     body,
-                    access,
                     _guard: guard,
                 }))
             }
@@ -359,41 +302,20 @@ impl Drop for ActivityGuard {
     }
 }
 
-/// A response body that holds its request's [`ActivityGuard`], counts what it sends,
-/// and writes the access log line and the request metrics when it ends (so a stream's
-/// line has its whole duration, events, bytes and outcome).
-struct Tracked {
-    body: ResponseBody,
-    access: AccessLog,
+/// A response body that holds its request's [`ActivityGuard`] until it ends.
+struct Active {
+    body: Logged,
     _guard: ActivityGuard,
 }
 
-impl Body for Tracked {
+impl Body for Active {
     type Data = Bytes;
     type Error = BoxError;
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let polled = Pin::new(&mut self.body).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    self.access.bytes_out += data.len() as u64;
-                }
-            }
-            Poll::Ready(Some(Err(e))) => {
-                self.access.cut = Some(match e.downcast_ref::<RelayError>() {
-                    Some(why) => why.ending(),
-                    None => Ending {
-                        reason: "body_error",
-                        count_upstream: false,
-                    },
-                });
-            }
-            _ => {}
-        }
-        polled
+        Pin::new(&mut self.body).poll_frame(cx)
     }
     fn is_end_stream(&self) -> bool {
         self.body.is_end_stream()

@@ -21,7 +21,7 @@ use super::vocab::{Command, Method};
 /// The fast path: a strict borrowed read of well-formed requests.
 mod strict;
 
-/// Why an envelope was refused; the proxy maps each to its JSON-RPC code.
+/// Why an envelope was refused; `GatewayError` maps each to its JSON-RPC code.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EnvelopeError {
     /// Not JSON (`-32700`).

@@ -38,7 +38,7 @@ use crate::sse::relay::{follow, record_upstream};
 use crate::sse::replay::{StreamEnd, StreamKey, StreamMeta};
 
 /// What a `stream` request says, copied out of the borrowed envelope.
-pub struct StreamRequest {
+pub(crate) struct StreamRequest {
     /// `start` or `re-stream`.
     pub command: Command,
     /// `params.message.taskId`.
@@ -50,7 +50,7 @@ pub struct StreamRequest {
 }
 
 /// What the pipeline hands over with a `stream` request.
-pub struct Work {
+pub(crate) struct Work {
     /// The Partner in-flight permit.
     pub in_flight: InFlightPermit,
     /// A `start`'s provisional task claim, kept if the Partner answers with a stream.
@@ -60,7 +60,7 @@ pub struct Work {
 }
 
 /// The `Last-Event-ID` request header as an `eventSeq`.
-pub fn last_event_id(headers: &HeaderMap) -> Option<u64> {
+pub(crate) fn last_event_id(headers: &HeaderMap) -> Option<u64> {
     headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
@@ -68,7 +68,7 @@ pub fn last_event_id(headers: &HeaderMap) -> Option<u64> {
 }
 
 /// Handles a validated `stream` request.
-pub async fn handle(
+pub(crate) async fn handle(
     snap: &Snapshot,
     partner: &Arc<Partner>,
     identity: &PeerIdentity,

@@ -1,0 +1,123 @@
+//! `Handoff`: the last step for a Partner that embeds the request path instead of running
+//! behind a separate gateway. The Partner's own handler (any tower `Service`, an axum
+//! `Router` or a hyper `service_fn`) receives the checked request: its body whole, the
+//! headers a Partner behind the gateway would see (`x-aip-client-aic` and friends, the
+//! client's claims about them removed), and the verified [`Caller`] in its extensions. A
+//! `start`'s task claim is settled by the handler's answer as by a Partner's, and the
+//! in-flight permit is held until the answer's body ends.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::BodyExt;
+use tower::Service;
+
+use super::claim;
+use super::exchange::{missing_step, Exchange, Outcome, Refusal, Reply};
+use super::forward::upstream_headers;
+use crate::body::{BoxError, ResponseBody};
+use crate::error::GatewayError;
+use crate::identity::PeerIdentity;
+use crate::relay_body::hold;
+
+/// The verified caller, in the extensions of the request a [`Handoff`] hands on.
+#[derive(Clone, Debug)]
+pub struct Caller(pub Arc<PeerIdentity>);
+
+/// See the module documentation.
+#[derive(Clone, Debug)]
+pub struct Handoff<H> {
+    handler: H,
+}
+
+impl<H> Handoff<H> {
+    /// Hands checked requests to `handler`.
+    pub fn new(handler: H) -> Handoff<H> {
+        Handoff { handler }
+    }
+}
+
+impl<H, RB> Service<Exchange<Bytes>> for Handoff<H>
+where
+    H: Service<Request<Bytes>, Response = Response<RB>> + Clone + Send + 'static,
+    H::Future: Send,
+    H::Error: Into<BoxError>,
+    RB: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+    RB::Error: Into<BoxError> + std::fmt::Display,
+{
+    type Response = Reply;
+    type Error = Refusal;
+    /// Boxed: an embedding Partner's handler future, then the claim settled.
+    type Future = Pin<Box<dyn Future<Output = Outcome> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Refusal>> {
+        // A handler that is not ready is waited for; one that fails is called anyway
+        // and its error answered per request.
+        match self.handler.poll_ready(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(_) => Poll::Ready(Ok(())),
+        }
+    }
+
+    fn call(&mut self, mut x: Exchange<Bytes>) -> Self::Future {
+        let clone = self.handler.clone();
+        let handler = std::mem::replace(&mut self.handler, clone);
+        Box::pin(async move {
+            match hand_off(handler, &mut x).await {
+                Ok(response) => Ok(Reply {
+                    response,
+                    log: x.log,
+                }),
+                Err(e) => Err(x.refuse(e)),
+            }
+        })
+    }
+}
+
+async fn hand_off<H, RB>(
+    mut handler: H,
+    x: &mut Exchange<Bytes>,
+) -> Result<Response<ResponseBody>, GatewayError>
+where
+    H: Service<Request<Bytes>, Response = Response<RB>>,
+    H::Error: Into<BoxError>,
+    RB: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+    RB::Error: Into<BoxError> + std::fmt::Display,
+{
+    let caller = x.caller.clone().ok_or_else(missing_step)?;
+    let route = x.route.as_ref().ok_or_else(missing_step)?;
+    let partner = route.partner.config.name.clone();
+    let permit = x.permit.take().ok_or_else(missing_step)?;
+    let mut headers = upstream_headers(
+        std::mem::take(&mut x.head.headers),
+        &caller,
+        &x.conn.forwarded,
+    );
+    if let Some(trace) = &x.log.trace {
+        trace.apply(&mut headers);
+    }
+    let mut req = Request::new(std::mem::take(&mut x.body));
+    *req.method_mut() = x.head.method.clone();
+    *req.uri_mut() = x.head.uri.clone();
+    *req.version_mut() = x.head.version;
+    *req.headers_mut() = headers;
+    req.extensions_mut().insert(Caller(caller));
+    let started = tokio::time::Instant::now();
+    let resp = handler.call(req).await.map_err(|e| {
+        let e: BoxError = e.into();
+        tracing::warn!(error = %e, "the Partner's handler failed");
+        GatewayError::Internal {
+            reason: "handler_error",
+        }
+    })?;
+    x.log.upstream = Some(started.elapsed());
+    let resp = match x.claim.take() {
+        Some(c) => claim::settle(resp, c, &x.snap.config, &partner).await?,
+        None => resp.map(|b| b.map_err(Into::into).boxed_unsync()),
+    };
+    Ok(resp.map(|body| hold(body, permit)))
+}

@@ -1,0 +1,107 @@
+//! The request path: one tower stack, built by [`stack`] in one `ServiceBuilder`, read
+//! top to bottom in the order a request meets it.
+//!
+//! ```text
+//! SetSensitiveRequestHeaders  (tower-http) credentials never logged, never HPACK-indexed
+//! Respond        request -> Exchange under the current snapshot; Refusal -> response
+//!                (the one place), access log line written when the body ends
+//! Trace          request id, W3C trace context
+//! Authenticate   the connection's identity verdict as of now; block list
+//! Route          POST only; host + path -> Partner
+//! Quota          per-AIC and per-Partner quotas, before the body is read
+//! ReadBody       whole body, bounded in size and time, one Bytes
+//! Envelope       borrowed parse (the id to echo), semantics, path method, generation
+//! CatchPanic     a later panic answers -32603 with the id
+//! Policy         senderId binding, role, access rules, task ownership
+//! Permit         Partner in-flight permit, held until the answer ends
+//! Forward        the gateway: the same Bytes to the Partner, the answer relayed
+//!   or Handoff   a Partner embedding the path: its own handler
+//! ```
+//!
+//! Each step is a tower [`Layer`](tower::Layer) over [`Exchange`]: the request and the
+//! facts earlier steps found, passed in fields (not extensions: no allocation). A step
+//! either hands the exchange on (its future is the next step's future, unboxed) or
+//! refuses it with a [`Refusal`]; nothing but `Respond` turns a refusal into a response.
+//!
+//! ## Embedding
+//! A Partner served by hyper (or axum, or anything tower) can put the same steps in front
+//! of its own handler, without a separate gateway: build a [`Gateway`] from a config whose
+//! one `[[partner]]` describes the Partner itself (its access rules, AIP generation and
+//! limits; its upstream URL is not used), serve TLS with the config's own rustls settings
+//! (`Snapshot::tls`), and per connection call [`ConnInfo::accepted`] and [`stack`] with a
+//! [`Handoff`] around the handler. `examples/embedded_partner.rs` shows it.
+
+mod authenticate;
+mod catch_panic;
+mod claim;
+mod envelope;
+mod exchange;
+mod forward;
+mod handoff;
+mod permit;
+mod policy;
+mod quota;
+mod read_body;
+mod respond;
+mod route;
+mod step;
+pub(crate) mod streams;
+mod trace;
+
+use std::sync::{Arc, LazyLock};
+
+use http::header::{self, HeaderName};
+use tower::ServiceBuilder;
+use tower_http::sensitive_headers::{SetSensitiveRequestHeaders, SetSensitiveRequestHeadersLayer};
+
+pub use authenticate::{Authenticate, AuthenticateLayer};
+pub use catch_panic::{CatchPanic, CatchPanicLayer};
+pub use envelope::{Envelope, EnvelopeLayer};
+pub use exchange::{missing_step, Call, ConnInfo, Exchange, Outcome, Refusal, Reply, Text};
+pub use forward::{upstream_headers, upstream_request, Forward};
+pub use handoff::{Caller, Handoff};
+pub use permit::{Permit, PermitLayer};
+pub use policy::{Policy, PolicyLayer};
+pub use quota::{Quota, QuotaLayer};
+pub use read_body::{ReadBody, ReadBodyLayer};
+pub use respond::{Respond, RespondLayer};
+pub use route::{Route, RouteLayer};
+pub use step::Step;
+pub use trace::{Trace, TraceLayer};
+
+use crate::gateway::Gateway;
+
+/// The whole request path ending in `last` ([`Forward`] or a [`Handoff`]).
+pub type Stack<S> = SetSensitiveRequestHeaders<
+    Respond<Trace<Authenticate<Route<Quota<ReadBody<Envelope<CatchPanic<Policy<Permit<S>>>>>>>>>>,
+>;
+
+/// The request headers marked sensitive: they are passed on, but never printed in a
+/// debug log and never entered in an HTTP/2 Partner connection's HPACK table.
+fn sensitive() -> Arc<[HeaderName]> {
+    static NAMES: LazyLock<Arc<[HeaderName]>> = LazyLock::new(|| {
+        Arc::from([
+            header::AUTHORIZATION,
+            header::PROXY_AUTHORIZATION,
+            header::COOKIE,
+        ])
+    });
+    NAMES.clone()
+}
+
+/// The request path for one connection to `gateway`, ending in `last`.
+pub fn stack<S>(gateway: Arc<Gateway>, conn: Arc<ConnInfo>, last: S) -> Stack<S> {
+    ServiceBuilder::new()
+        .layer(SetSensitiveRequestHeadersLayer::from_shared(sensitive()))
+        .layer(RespondLayer::new(gateway, conn))
+        .layer(TraceLayer)
+        .layer(AuthenticateLayer)
+        .layer(RouteLayer)
+        .layer(QuotaLayer)
+        .layer(ReadBodyLayer)
+        .layer(EnvelopeLayer)
+        .layer(CatchPanicLayer)
+        .layer(PolicyLayer)
+        .layer(PermitLayer)
+        .service(last)
+}

@@ -1,0 +1,118 @@
+//! `Policy`: who may call what. `params.message.senderId` must be the caller's own AIC
+//! (and a `group` invitation's leader too), then the sender role, the Partner's access
+//! rules, and task ownership: a `start` claims its task provisionally (kept only if the
+//! Partner accepts it), other commands must come from the task's owner.
+
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use tower::{Layer, Service};
+
+use super::exchange::{missing_step, Exchange, Refusal, Reply, Text};
+use super::step::Step;
+use crate::error::GatewayError;
+use crate::identity::Aic;
+use crate::jsonrpc::envelope::EnvelopeError;
+use crate::policy::tasks::check_task;
+
+/// See the module documentation.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PolicyLayer;
+
+impl<S> Layer<S> for PolicyLayer {
+    type Service = Policy<S>;
+    fn layer(&self, inner: S) -> Policy<S> {
+        Policy { inner }
+    }
+}
+
+/// See the module documentation.
+#[derive(Clone, Debug)]
+pub struct Policy<S> {
+    inner: S,
+}
+
+impl<S> Service<Exchange<Bytes>> for Policy<S>
+where
+    S: Service<Exchange<Bytes>, Response = Reply, Error = Refusal>,
+{
+    type Response = Reply;
+    type Error = Refusal;
+    type Future = Step<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Refusal>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut x: Exchange<Bytes>) -> Self::Future {
+        match check(&mut x) {
+            Ok(()) => Step::Next {
+                next: self.inner.call(x),
+            },
+            Err(e) => Step::refused(x.refuse(e)),
+        }
+    }
+}
+
+fn check(x: &mut Exchange<Bytes>) -> Result<(), GatewayError> {
+    let (Some(caller), Some(route), Some(call)) = (&x.caller, &x.route, &x.call) else {
+        return Err(missing_step());
+    };
+    let body = &x.body[..];
+    fn text<'a>(t: &'a Option<Text>, body: &'a [u8]) -> Option<&'a str> {
+        t.as_ref().map(|t| t.get(body))
+    }
+    let cfg = &x.snap.config;
+    let partner = &route.partner.config;
+    if let Some(sender) = text(&call.sender_id, body) {
+        check_sender(sender, &caller.aic)?;
+    }
+    if let Some(leader) = text(&call.group_leader, body) {
+        check_group_leader(leader, &caller.aic)?;
+    }
+    cfg.policy.check_role(text(&call.sender_role, body))?;
+    partner
+        .access
+        .check(&caller.aic, call.method, &partner.name)?;
+    // A `start`'s claim is provisional until the Partner accepts it.
+    x.claim = check_task(
+        &x.snap.tasks,
+        cfg.tasks.unknown,
+        &partner.name,
+        &caller.aic,
+        call.method,
+        call.command,
+        text(&call.task_id, body),
+        text(&call.session_id, body),
+    )?;
+    Ok(())
+}
+
+/// `senderId` must name the caller's certificate AIC. The usual exact match costs one
+/// compare; another spelling (a dotted AIC in lowercase) is parsed and compared.
+fn check_sender(sender: &str, caller: &Aic) -> Result<(), GatewayError> {
+    if sender == caller.as_str() || Aic::parse(sender).is_ok_and(|a| a == *caller) {
+        return Ok(());
+    }
+    Err(GatewayError::Forbidden {
+        reason: "sender_mismatch",
+        detail: format!("senderId {sender:?} is not the caller's certificate AIC {caller}"),
+    })
+}
+
+/// A `group` invitation's `params.group.leader.aic` must be the caller's own AIC.
+fn check_group_leader(leader: &str, caller: &Aic) -> Result<(), GatewayError> {
+    match Aic::parse(leader) {
+        Ok(a) if a == *caller => Ok(()),
+        Ok(_) => Err(GatewayError::Forbidden {
+            reason: "group_leader_mismatch",
+            detail: format!(
+                "params.group.leader.aic {leader:?} is not the caller's certificate AIC {caller}"
+            ),
+        }),
+        Err(e) => Err(GatewayError::Envelope(EnvelopeError::InvalidParams {
+            field: "params.group.leader.aic",
+            message: format!("params.group.leader.aic {leader:?} is not an AIC: {e}"),
+        })),
+    }
+}

@@ -1,0 +1,131 @@
+//! `Respond`, the outermost step: a request from hyper becomes an [`Exchange`] under the
+//! gateway's snapshot current at its arrival (one atomic load; a reload applies to the
+//! next request on every open connection), and what comes back becomes the response:
+//! a [`Reply`] as it is, a [`Refusal`] through `GatewayError::into_response`, the only
+//! place an error turns into a response (status, JSON-RPC error, echoed id). Either way
+//! the body carries the access log line, written when it ends.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tokio::time::Instant;
+use tower::{Layer, Service};
+
+use super::exchange::{ConnInfo, Exchange, Outcome, Refusal, Reply};
+use crate::access_log::{AccessLog, Logged};
+use crate::body::full;
+use crate::gateway::{Gateway, Snapshot};
+use crate::relay_body::is_event_stream;
+
+/// Makes [`Respond`] for one connection.
+#[derive(Clone)]
+pub struct RespondLayer {
+    gateway: Arc<Gateway>,
+    conn: Arc<ConnInfo>,
+}
+
+impl RespondLayer {
+    /// For the connection `conn` to `gateway`.
+    pub fn new(gateway: Arc<Gateway>, conn: Arc<ConnInfo>) -> RespondLayer {
+        RespondLayer { gateway, conn }
+    }
+}
+
+impl<S> Layer<S> for RespondLayer {
+    type Service = Respond<S>;
+    fn layer(&self, inner: S) -> Respond<S> {
+        Respond {
+            inner,
+            gateway: self.gateway.clone(),
+            conn: self.conn.clone(),
+        }
+    }
+}
+
+/// See the module documentation.
+#[derive(Clone)]
+pub struct Respond<S> {
+    inner: S,
+    gateway: Arc<Gateway>,
+    conn: Arc<ConnInfo>,
+}
+
+impl<S, B> Service<Request<B>> for Respond<S>
+where
+    S: Service<Exchange<B>, Response = Reply, Error = Refusal>,
+{
+    type Response = Response<Logged>;
+    type Error = Infallible;
+    type Future = Responding<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // Every step is always ready; a refusal is an answer, never a service error.
+        match self.inner.poll_ready(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(_) => Poll::Ready(Ok(())),
+        }
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let started = Instant::now();
+        let snap = self.gateway.snapshot();
+        let x = Exchange::new(req, self.conn.clone(), snap.clone());
+        Responding {
+            next: self.inner.call(x),
+            snap,
+            conn: self.conn.clone(),
+            started,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// `Respond`'s future.
+    pub struct Responding<F> {
+        #[pin]
+        next: F,
+        snap: Arc<Snapshot>,
+        conn: Arc<ConnInfo>,
+        started: Instant,
+    }
+}
+
+impl<F: Future<Output = Outcome>> Future for Responding<F> {
+    type Output = Result<Response<Logged>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let outcome = std::task::ready!(this.next.poll(cx));
+        let snap = &*this.snap;
+        let (response, log) = match outcome {
+            Ok(Reply { response, log }) => (response, log),
+            Err(Refusal { error, id, mut log }) => {
+                tracing::debug!(peer = %this.conn.peer, reason = error.reason(), %error, "request refused");
+                let (_, code, reason) = error.classify();
+                log.code = Some(code);
+                log.reason = Some(reason);
+                snap.metrics.refusal(&error, log.partner.as_deref());
+                let mode = snap.config.listener.error_status;
+                (error.into_response(&id, mode).map(full), log)
+            }
+        };
+        let status = response.status().as_u16();
+        // Only a request that made a stream tally can have an event stream.
+        let streamed = log.stream.is_some() && is_event_stream(response.headers());
+        let access = AccessLog {
+            log,
+            peer: this.conn.peer,
+            metrics: snap.metrics.clone(),
+            started: *this.started,
+            status,
+            bytes_out: 0,
+            streamed,
+            cut: None,
+        };
+        Poll::Ready(Ok(response.map(|body| Logged { body, access })))
+    }
+}
