@@ -3,6 +3,7 @@
 
 mod auth;
 mod demo;
+mod embedded;
 mod enforcement;
 mod envelope;
 mod faults;
