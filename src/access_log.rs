@@ -68,21 +68,6 @@ pub struct RequestLog {
     pub stream: Option<Arc<StreamTally>>,
 }
 
-impl RequestLog {
-    /// The facts known so far that a later panic must not lose (who, where, which
-    /// method, which request): what `CatchPanic` keeps aside.
-    pub(crate) fn known(&self) -> RequestLog {
-        RequestLog {
-            aic: self.aic,
-            partner: self.partner.clone(),
-            method: self.method,
-            command: self.command,
-            trace: self.trace.clone(),
-            ..RequestLog::default()
-        }
-    }
-}
-
 /// A finished request's line and metrics, written on drop.
 pub(crate) struct AccessLog {
     pub(crate) log: RequestLog,

@@ -300,9 +300,39 @@ def oha(d, port, mode, duration, conns):
     return json.loads(out)
 
 
+def perf_counters(pid):
+    """Starts counting the proxy's user-space cycles and instructions (perf stat), or
+    returns None without perf. Counted cycles are far steadier than /proc's tick-sampled
+    user/system split, which shifts with the kernel's share from run to run."""
+    if shutil.which("perf") is None:
+        return None
+    return subprocess.Popen(
+        ["perf", "stat", "-x", ",", "-e", "cycles:u,instructions:u", "-p", str(pid)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def read_counters(perf):
+    """{"cycles:u": n, "instructions:u": n} from a perf stat started by perf_counters."""
+    if perf is None:
+        return {}
+    perf.send_signal(signal.SIGINT)
+    _, err = perf.communicate(timeout=10)
+    out = {}
+    for line in err.splitlines():
+        fields = line.split(",")
+        if len(fields) > 2 and fields[0].isdigit():
+            out[fields[2]] = int(fields[0])
+    return out
+
+
 def measure(proxy, d, mode, duration, conns):
     user0, sys0 = proxy.times()
+    perf = perf_counters(proxy.p.pid)
     result = oha(d, proxy.port, mode, duration, conns)
+    counters = read_counters(perf)
     user1, sys1 = proxy.times()
     cpu = user1 - user0 + sys1 - sys0
     summary = result["summary"]
@@ -319,6 +349,8 @@ def measure(proxy, d, mode, duration, conns):
         "cpu": cpu,
         "sys": (sys1 - sys0) / cpu if cpu else 0,
         "user_us": (user1 - user0) * 1e6 / ok if ok else 0,
+        "kcycles": counters.get("cycles:u", 0) / 1000 / ok if ok else 0,
+        "kinstr": counters.get("instructions:u", 0) / 1000 / ok if ok else 0,
         "p50": (pct.get("p50") or 0) * 1000,
         "p99": (pct.get("p99") or 0) * 1000,
     }
@@ -351,15 +383,15 @@ def report(mode, rows, events):
     unit = "events" if mode == "sse" else "req"
     scale = events if mode == "sse" else 1
     print(f"\n## {mode}\n")
-    print(f"| proxy | {unit}/s | proxy CPU s | {unit} per CPU-second | kernel share | user µs per {unit} | p50 ms | p99 ms | non-2xx or errors |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"| proxy | {unit}/s | proxy CPU s | {unit} per CPU-second | kernel share | user µs per {unit} | user kcycles per {unit} | user kinstr per {unit} | p50 ms | p99 ms | non-2xx or errors |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     per_cpu = {}
     for name, rs in rows.items():
         eff = [r["ok"] * scale / r["cpu"] if r["cpu"] else 0 for r in rs]
         per_cpu[name] = statistics.median(eff)
         print(
             f"| {name} | {median(rs, 'rps') * scale:,.0f} | {median(rs, 'cpu'):.2f} | "
-            f"{per_cpu[name]:,.0f} | {median(rs, 'sys'):.0%} | {median(rs, 'user_us') / scale:.2f} | {median(rs, 'p50'):.2f} | {median(rs, 'p99'):.2f} | "
+            f"{per_cpu[name]:,.0f} | {median(rs, 'sys'):.0%} | {median(rs, 'user_us') / scale:.2f} | {median(rs, 'kcycles') / scale:.2f} | {median(rs, 'kinstr') / scale:.2f} | {median(rs, 'p50'):.2f} | {median(rs, 'p99'):.2f} | "
             f"{sum(r['bad'] for r in rs)} |"
         )
     gateways = [n for n in per_cpu if n not in ("nginx", "haproxy", "bare")]

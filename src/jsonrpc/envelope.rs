@@ -350,17 +350,20 @@ pub fn verdicts(body: &[u8]) -> (String, String) {
 }
 
 fn parse_with(body: &[u8], fast: bool) -> Result<Parsed<'_>, ParseFailure<'_>> {
-    // The parser checks UTF-8 only in the strings it reads; message text and unknown fields
-    // are skipped unchecked. One pass over the whole body settles it before anything is
-    // forwarded (std's validator runs at memory speed on ASCII).
-    if let Err(error) = check_text(body) {
-        return Err(ParseFailure {
-            id: serde_json::from_slice::<IdOnly<'_>>(body)
-                .ok()
-                .and_then(|i| i.id),
-            error,
-        });
-    }
+    // The parser would check UTF-8 only in the strings it reads, skipping message text and
+    // unknown fields unchecked. One pass over the whole body settles it before anything is
+    // forwarded, and the parse then reads a `str`, so its strings are not checked twice.
+    let text = match check_text(body) {
+        Ok(text) => text,
+        Err(error) => {
+            return Err(ParseFailure {
+                id: serde_json::from_slice::<IdOnly<'_>>(body)
+                    .ok()
+                    .and_then(|i| i.id),
+                error,
+            })
+        }
+    };
     let first = body.iter().find(|b| !b.is_ascii_whitespace()).copied();
     if first != Some(b'{') {
         let error = match serde_json::from_slice::<IgnoredAny>(body) {
@@ -375,27 +378,27 @@ fn parse_with(body: &[u8], fast: bool) -> Result<Parsed<'_>, ParseFailure<'_>> {
     }
     // Fast path: valid requests parse strictly; anything else takes the lenient pass.
     if fast {
-        if let Some(raw) = strict::read(body) {
+        if let Some(raw) = strict::read(text) {
             return Ok(Parsed { raw });
         }
     }
-    parse_lenient(body)
+    parse_lenient(text)
 }
 
 /// The body is UTF-8 and no `\u` escape in it is half of a surrogate pair: a lone
 /// surrogate is valid JSON syntax, but no UTF-8 string can hold it, so a Partner's parser
 /// refuses it or mangles it differently from the gateway's.
-fn check_text(body: &[u8]) -> Result<(), EnvelopeError> {
+fn check_text(body: &[u8]) -> Result<&str, EnvelopeError> {
     // simdutf8 runs the common case (valid, mostly ASCII) at about twice std's speed on
     // large bodies; std's validator then finds the position for the error message.
-    if simdutf8::basic::from_utf8(body).is_err() {
+    let Ok(text) = simdutf8::basic::from_utf8(body) else {
         let at = std::str::from_utf8(body)
             .err()
             .map_or(0, |e| e.valid_up_to());
         return Err(EnvelopeError::Parse(format!(
             "the body is not valid UTF-8 (at byte {at})"
         )));
-    }
+    };
     let lone = |at: usize| {
         Err(EnvelopeError::Parse(format!(
             "a \\u escape at byte {at} is a lone surrogate, which no UTF-8 text can hold"
@@ -434,17 +437,17 @@ fn check_text(body: &[u8]) -> Result<(), EnvelopeError> {
             None => break,
         }
     }
-    Ok(())
+    Ok(text)
 }
 
 /// The lenient pass alone (the fast path's fallback).
-fn parse_lenient(body: &[u8]) -> Result<Parsed<'_>, ParseFailure<'_>> {
-    match serde_json::from_slice::<LenientEnvelope<'_>>(body) {
+fn parse_lenient(body: &str) -> Result<Parsed<'_>, ParseFailure<'_>> {
+    match serde_json::from_str::<LenientEnvelope<'_>>(body) {
         Ok(raw) => Ok(Parsed { raw: raw.into() }),
         Err(e) if e.is_data() => Err(ParseFailure {
             // A duplicate key (the only data error the lenient types allow) stops the
             // derive; the id can usually still be read on its own.
-            id: serde_json::from_slice::<IdOnly<'_>>(body)
+            id: serde_json::from_str::<IdOnly<'_>>(body)
                 .ok()
                 .and_then(|i| i.id),
             error: invalid("duplicate_key", e.to_string()),

@@ -14,9 +14,12 @@ use std::task::{Context, Poll};
 
 use tower::{Layer, Service};
 
-use super::exchange::{Exchange, Outcome, Refusal, Reply};
+use std::sync::Arc;
+
+use super::exchange::{ConnInfo, Exchange, Outcome, Refusal, Reply, State};
 use crate::access_log::RequestLog;
 use crate::error::GatewayError;
+use crate::gateway::Snapshot;
 use crate::jsonrpc::RpcId;
 
 /// See the module documentation.
@@ -49,16 +52,22 @@ where
     }
 
     fn call(&mut self, x: Exchange<B>) -> Self::Future {
-        let id = x.id.clone();
-        let log = x.log.known();
+        let kept = Kept {
+            conn: x.conn.clone(),
+            snap: x.snap.clone(),
+            id: x.id.clone(),
+            aic: x.log.aic,
+            partner: x.log.partner.clone(),
+            trace: x.log.trace.clone(),
+        };
         let inner = &mut self.inner;
         match catch_unwind(AssertUnwindSafe(move || inner.call(x))) {
             Ok(next) => Catching::Next {
                 next,
-                kept: Some((id, log)),
+                kept: Some(kept),
             },
             Err(panic) => Catching::Panicked {
-                refusal: Some(panicked(&*panic, id, log)),
+                refusal: Some(panicked(&*panic, kept)),
             },
         }
     }
@@ -72,7 +81,7 @@ pin_project_lite::pin_project! {
         /// The next step's future, with what a panic's answer needs.
         Next {
             #[pin] next: F,
-            kept: Option<(RpcId, RequestLog)>,
+            kept: Option<Kept>,
         },
         /// The next step panicked when called.
         Panicked {
@@ -90,7 +99,7 @@ impl<F: Future<Output = Outcome>> Future for Catching<F> {
                 match catch_unwind(AssertUnwindSafe(|| next.poll(cx))) {
                     Ok(polled) => polled,
                     Err(panic) => match kept.take() {
-                        Some((id, log)) => Poll::Ready(Err(panicked(&*panic, id, log))),
+                        Some(kept) => Poll::Ready(Err(panicked(&*panic, kept))),
                         None => Poll::Pending,
                     },
                 }
@@ -103,16 +112,35 @@ impl<F: Future<Output = Outcome>> Future for Catching<F> {
     }
 }
 
-fn panicked(panic: &(dyn std::any::Any + Send), id: RpcId, log: RequestLog) -> Refusal {
+/// What a panic's answer and its log line need, kept aside (the exchange itself unwinds
+/// with the panic); small, since every request's future carries it.
+pub struct Kept {
+    conn: Arc<ConnInfo>,
+    snap: Arc<Snapshot>,
+    id: RpcId,
+    aic: Option<crate::identity::Aic>,
+    partner: Option<Arc<str>>,
+    trace: Option<crate::trace::TraceContext>,
+}
+
+fn panicked(panic: &(dyn std::any::Any + Send), kept: Kept) -> Refusal {
     let what = panic
         .downcast_ref::<&str>()
         .copied()
         .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
         .unwrap_or("");
     tracing::error!(panic = what, "a request step panicked");
+    let head = http::Request::new(()).into_parts().0;
+    let mut state = State::new(head, kept.conn, kept.snap);
+    state.id = kept.id;
+    state.log = RequestLog {
+        aic: kept.aic,
+        partner: kept.partner,
+        trace: kept.trace,
+        ..RequestLog::default()
+    };
     Refusal {
         error: GatewayError::Internal { reason: "panic" },
-        id,
-        log,
+        state: Box::new(state),
     }
 }

@@ -57,7 +57,7 @@ where
 
 /// Parses and checks the envelope, filling the exchange's id, call and log.
 fn read(x: &mut Exchange<Bytes>) -> Result<(), GatewayError> {
-    let body = &x.body;
+    let (body, x) = (&x.body, &mut *x.state);
     let parsed = jsonrpc::parse(body);
     x.id = id_of_parsed(body, &parsed);
     let envelope = parsed.map_err(|f| f.error)?.validate()?;

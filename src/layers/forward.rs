@@ -42,10 +42,7 @@ impl Service<Exchange<Bytes>> for Forward {
     fn call(&mut self, mut x: Exchange<Bytes>) -> Self::Future {
         Box::pin(async move {
             match forward(&mut x).await {
-                Ok(response) => Ok(Reply {
-                    response,
-                    log: x.log,
-                }),
+                Ok(response) => Ok(x.reply(response)),
                 Err(e) => Err(x.refuse(e)),
             }
         })
@@ -89,7 +86,7 @@ async fn forward(x: &mut Exchange<Bytes>) -> Result<Response<ResponseBody>, Gate
     let started = tokio::time::Instant::now();
     let idle = cfg.upstream.body_idle_timeout;
     let claim = x.claim.take();
-    let log = &mut x.log;
+    let (log, id) = (&mut x.state.log, &x.state.id);
     let resp = match stream_req {
         Some(stream_req) => {
             let work = streams::Work {
@@ -104,7 +101,7 @@ async fn forward(x: &mut Exchange<Bytes>) -> Result<Response<ResponseBody>, Gate
             let resp = partner.pool.send(upstream).await?;
             let tail = || SseTail {
                 tally: log.stream.insert(Arc::default()).clone(),
-                id: x.id.clone(),
+                id: id.clone(),
                 on_failure: cfg.stream.on_upstream_failure,
             };
             match claim {

@@ -68,10 +68,7 @@ where
         let handler = std::mem::replace(&mut self.handler, clone);
         Box::pin(async move {
             match hand_off(handler, &mut x).await {
-                Ok(response) => Ok(Reply {
-                    response,
-                    log: x.log,
-                }),
+                Ok(response) => Ok(x.reply(response)),
                 Err(e) => Err(x.refuse(e)),
             }
         })

@@ -101,18 +101,20 @@ impl<F: Future<Output = Outcome>> Future for Responding<F> {
         let this = self.project();
         let outcome = std::task::ready!(this.next.poll(cx));
         let snap = &*this.snap;
-        let (response, log) = match outcome {
-            Ok(Reply { response, log }) => (response, log),
-            Err(Refusal { error, id, mut log }) => {
+        let (response, state) = match outcome {
+            Ok(Reply { response, state }) => (response, state),
+            Err(Refusal { error, mut state }) => {
+                let log = &mut state.log;
                 tracing::debug!(peer = %this.conn.peer, reason = error.reason(), %error, "request refused");
                 let (_, code, reason) = error.classify();
                 log.code = Some(code);
                 log.reason = Some(reason);
                 snap.metrics.refusal(&error, log.partner.as_deref());
                 let mode = snap.config.listener.error_status;
-                (error.into_response(&id, mode).map(full), log)
+                (error.into_response(&state.id, mode).map(full), state)
             }
         };
+        let log = state.log;
         let status = response.status().as_u16();
         // Only a request that made a stream tally can have an event stream.
         let streamed = log.stream.is_some() && is_event_stream(response.headers());

@@ -70,7 +70,7 @@ impl<F> Step<F> {
             if let Ok(Ok(bytes)) =
                 tokio::time::timeout(timeout, read_bounded(body, length, limit)).await
             {
-                refusal.id = id_of(&bytes);
+                refusal.state.id = id_of(&bytes);
             }
             refusal
         };

@@ -27,10 +27,11 @@ use serde_json::value::RawValue;
 use super::{Carrier, RawCommandParams, RawEnvelope, RawMessage, RawParams};
 use crate::jsonrpc::lenient::{LooseObj, LooseSeq, LooseStr};
 
-/// Reads `body` strictly; `None` sends it to the lenient pass.
-pub(super) fn read(body: &[u8]) -> Option<RawEnvelope<'_>> {
+/// Reads `body` (already checked UTF-8, so its strings are not checked again) strictly;
+/// `None` sends it to the lenient pass.
+pub(super) fn read(body: &str) -> Option<RawEnvelope<'_>> {
     let mut out = RawEnvelope::default();
-    let mut de = serde_json::Deserializer::from_slice(body);
+    let mut de = serde_json::Deserializer::from_str(body);
     Fill(&mut out).deserialize(&mut de).ok()?;
     de.end().ok()?;
     Some(out)
@@ -195,7 +196,7 @@ mod tests {
             let body = format!(
                 r#"{{"jsonrpc":"2.0","x":[1,{{"y":null}}],"method":"rpc","id":"r1","params":{{"taskId":"p","{key}":{{"type":"t","command":"start","taskId":"t1","sessionId":"s","senderId":"A","senderRole":"leader","commandParams":{{"responseTimeout":3,"lastEventSeq":null}}}}}}}}"#
             );
-            let raw = read(body.as_bytes()).expect("fast path");
+            let raw = read(&body).expect("fast path");
             assert_eq!(borrowed(&raw.method), Some("rpc"));
             assert_eq!(raw.id.map(RawValue::get), Some(r#""r1""#));
             let LooseObj::Obj(p) = &raw.params else {
@@ -241,7 +242,7 @@ mod tests {
             r#"{"jsonrpc":"2.0","method":"stream","id":1,"params":{"message":{"commandParams":{"lastEventSeq":1,"lastEventSeq":2}}}}"#,
             r#"{"jsonrpc":"2.0","method":"rpc","id":1,"params":{}} x"#,
         ] {
-            assert!(read(body.as_bytes()).is_none(), "{body}");
+            assert!(read(body).is_none(), "{body}");
         }
     }
 }
