@@ -8,8 +8,8 @@ use std::hint::black_box;
 use aipgw::config::Config;
 use aipgw::identity::Aic;
 use aipgw::jsonrpc::{Command, Method};
-use aipgw::policy::tasks::{check_task, MemoryTaskOwners, TaskOwners};
-use aipgw::ratelimit::{GovernorLimiter, Limiter};
+use aipgw::test_util::{check_task, MemoryTaskOwners, TaskOwners};
+use aipgw::test_util::{GovernorLimiter, Limiter};
 use criterion::{criterion_group, criterion_main, Criterion};
 
 /// Every check and quota on at once (shared with tests/alloc.rs).
@@ -122,19 +122,19 @@ fn response(c: &mut Criterion) {
         );
         r
     };
-    let limits = aipgw::answer::AnswerLimits {
+    let limits = aipgw::test_util::AnswerLimits {
         max_bytes: 65536,
         idle: std::time::Duration::from_secs(30),
     };
     let r = answer();
     g.bench_function("is_event_stream", |b| {
-        b.iter(|| aipgw::relay_body::is_event_stream(black_box(r.headers())))
+        b.iter(|| aipgw::test_util::is_event_stream(black_box(r.headers())))
     });
     g.bench_function("build_answer_only", |b| b.iter(|| black_box(answer())));
     g.bench_function("build_answer_and_vet_2xx_json", |b| {
         b.iter(|| {
             // The fast path never awaits.
-            aipgw::answer::vet(answer(), limits, "p")
+            aipgw::test_util::vet(answer(), limits, "p")
                 .now_or_never()
                 .unwrap()
                 .unwrap()

@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use aipgw::identity::Aic;
 use aipgw::jsonrpc::RpcId;
-use aipgw::sse::memory::{MemoryStore, ReplayLimits};
-use aipgw::sse::relay::{follow, record_upstream, StreamSettings};
-use aipgw::sse::replay::{Entry, ReplayStore, StreamEnd, StreamKey, StreamMeta, StreamRecord};
-use aipgw::sse::splitter::Splitter;
+use aipgw::test_util::Splitter;
+use aipgw::test_util::{follow, record_upstream, StreamSettings};
+use aipgw::test_util::{Entry, ReplayStore, StreamEnd, StreamKey, StreamMeta, StreamRecord};
+use aipgw::test_util::{MemoryStore, ReplayLimits};
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use http_body_util::{BodyExt, StreamBody};

@@ -22,7 +22,7 @@ use crate::error::GatewayError;
 use crate::jsonrpc::reply::{answer_shape, AnswerShape};
 
 /// A Partner's answer body: its own stream (fast path), or the bytes read to judge it.
-pub type AnswerBody<B> = Either<B, Full<Bytes>>;
+pub(crate) type AnswerBody<B> = Either<B, Full<Bytes>>;
 
 /// How much of an unusual answer is read, and how long it may pause.
 #[derive(Debug, Clone, Copy)]
@@ -34,7 +34,7 @@ pub struct AnswerLimits {
 }
 
 /// The media type of `Content-Type`, without parameters (`""` when there is none).
-pub fn media_type(headers: &HeaderMap) -> &str {
+pub(crate) fn media_type(headers: &HeaderMap) -> &str {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -50,7 +50,7 @@ fn relayable_type(headers: &HeaderMap) -> bool {
 }
 
 /// What a bounded read of an answer body got.
-pub enum Read {
+pub(crate) enum Read {
     /// The whole body, within the bound.
     Whole(Bytes),
     /// The frames read when the bound was passed (the rest is still in the body).
@@ -60,7 +60,7 @@ pub enum Read {
 /// Reads `body` to its end, at most `limits.max_bytes` of it, each pause bounded by
 /// `limits.idle` (504 `upstream_timeout` past it); a body cut short is
 /// `upstream_protocol`, described as `what`.
-pub async fn read_up_to<B>(
+pub(crate) async fn read_up_to<B>(
     body: &mut B,
     limits: AnswerLimits,
     partner: &str,

@@ -7,11 +7,11 @@ use crate::config::Config;
 
 /// Descriptors kept for everything else: the listeners, the admin listener, the config
 /// watcher, DNS lookups, log files, and headroom.
-pub const RESERVED: u64 = 64;
+pub(crate) const RESERVED: u64 = 64;
 
 /// The open-file limit before and after raising it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NofileLimit {
+pub(crate) struct NofileLimit {
     /// The soft limit found at start.
     pub soft_before: u64,
     /// The soft limit now.
@@ -21,7 +21,7 @@ pub struct NofileLimit {
 }
 
 /// Raises the soft `nofile` limit to the hard limit.
-pub fn raise() -> std::io::Result<NofileLimit> {
+pub(crate) fn raise() -> std::io::Result<NofileLimit> {
     use rlimit::Resource;
     let (soft_before, hard) = Resource::NOFILE.get()?;
     if soft_before < hard && Resource::NOFILE.set(hard, hard).is_err() {
@@ -42,7 +42,7 @@ pub fn raise() -> std::io::Result<NofileLimit> {
 
 /// At start: raises the limit, logs it, warns of Partners without a connection bound,
 /// and fails when `cfg`'s bounds do not fit.
-pub fn ensure(cfg: &Config) -> anyhow::Result<()> {
+pub(crate) fn ensure(cfg: &Config) -> anyhow::Result<()> {
     let limit =
         raise().map_err(|e| anyhow::anyhow!("cannot read or raise the open-file limit: {e}"))?;
     tracing::info!(
@@ -63,7 +63,7 @@ pub fn ensure(cfg: &Config) -> anyhow::Result<()> {
 
 /// What a configuration may hold open at once.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FdNeed {
+pub(crate) struct FdNeed {
     /// `listener.max_connections`.
     pub leaders: u64,
     /// Partner connections: per HTTP/1.1 Partner, its `limits.max_in_flight` requests
@@ -77,13 +77,13 @@ pub struct FdNeed {
 
 impl FdNeed {
     /// Everything, with [`RESERVED`].
-    pub fn total(&self) -> u64 {
+    pub(crate) fn total(&self) -> u64 {
         self.leaders + self.partners + RESERVED
     }
 }
 
 /// The descriptors `cfg` may need.
-pub fn need(cfg: &Config) -> FdNeed {
+pub(crate) fn need(cfg: &Config) -> FdNeed {
     let idle = cfg.upstream.pool_max_idle_per_host as u64;
     let mut need = FdNeed {
         leaders: cfg.listener.max_connections as u64,
@@ -109,7 +109,7 @@ pub fn need(cfg: &Config) -> FdNeed {
 }
 
 /// Whether `need` fits under `limit`; the error names the settings to change.
-pub fn check(need: &FdNeed, limit: &NofileLimit) -> Result<(), String> {
+pub(crate) fn check(need: &FdNeed, limit: &NofileLimit) -> Result<(), String> {
     if need.total() <= limit.soft {
         return Ok(());
     }

@@ -4,9 +4,9 @@
 use http::header::{self, HeaderMap, HeaderName};
 
 /// Header carrying the caller's verified AIC to the Partner.
-pub const CLIENT_AIC_HEADER: &str = "x-aip-client-aic";
+pub(crate) const CLIENT_AIC_HEADER: &str = "x-aip-client-aic";
 /// Header carrying the SHA-256 of the caller's certificate to the Partner.
-pub const CLIENT_CERT_HEADER: &str = "x-aip-client-cert-sha256";
+pub(crate) const CLIENT_CERT_HEADER: &str = "x-aip-client-cert-sha256";
 
 /// The names the gateway sets, made once: inserting by a `&str` name that is not a
 /// standard header allocates the name anew each time.

@@ -4,14 +4,14 @@
 const DIGITS: &[u8; 16] = b"0123456789abcdef";
 
 /// `bytes` as lowercase hex.
-pub fn encode(bytes: &[u8]) -> String {
+pub(crate) fn encode(bytes: &[u8]) -> String {
     let mut out = vec![0u8; bytes.len() * 2];
     encode_into(bytes, &mut out);
     String::from_utf8(out).expect("hex digits are ASCII")
 }
 
 /// `bytes` as lowercase hex into `out` (twice as long), without allocating.
-pub fn encode_into(bytes: &[u8], out: &mut [u8]) {
+pub(crate) fn encode_into(bytes: &[u8], out: &mut [u8]) {
     for (b, pair) in bytes.iter().zip(out.chunks_exact_mut(2)) {
         pair[0] = DIGITS[usize::from(b >> 4)];
         pair[1] = DIGITS[usize::from(b & 0x0f)];
@@ -19,7 +19,7 @@ pub fn encode_into(bytes: &[u8], out: &mut [u8]) {
 }
 
 /// Hex text (either case, even length) as bytes; `None` for anything else.
-pub fn decode(text: &str) -> Option<Vec<u8>> {
+pub(crate) fn decode(text: &str) -> Option<Vec<u8>> {
     let t = text.as_bytes();
     if t.len() % 2 != 0 {
         return None;

@@ -14,7 +14,7 @@ use crate::tls::pem;
 
 /// The report, and whether the certificate would be accepted (a valid AIC, and with a
 /// config, a chain its CAs and CRLs accept).
-pub struct Report {
+pub(crate) struct Report {
     /// Human-readable lines.
     pub text: String,
     /// The verdict.
@@ -22,7 +22,11 @@ pub struct Report {
 }
 
 /// Inspects the first certificate of a PEM file (later ones are taken as intermediates).
-pub fn inspect(cert_path: &Path, config: Option<&Config>, suffix: &str) -> anyhow::Result<Report> {
+pub(crate) fn inspect(
+    cert_path: &Path,
+    config: Option<&Config>,
+    suffix: &str,
+) -> anyhow::Result<Report> {
     let certs = pem::load_certs(cert_path)?;
     let der = &certs[0];
     let (_, cert) = X509Certificate::from_der(der)

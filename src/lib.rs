@@ -25,42 +25,51 @@
 //! ```
 //!
 //! ## Modules
+//! Public: `config`, `gateway`, `layers`, `identity`, `jsonrpc`, `error`, `body`, and what
+//! runs a gateway from another binary (`server`, `admin`, `reload`, `cli`); `devcerts` and
+//! `demo` with the `dev` feature; `test_util` (what the benches and tests drive) with
+//! `test-util`. Every other module is crate-internal.
 //! - [`config`]: TOML -> validated [`config::Config`]; nothing is re-checked per request.
 //! - [`server`]: accept loop, handshake timeout, connection cap, idle and drain handling.
-//! - [`tls`]: rustls server config (deferred or strict client verification), upstream
+//! - `tls`: rustls server config (deferred or strict client verification), upstream
 //!   client config (Partner CA, gateway client cert, Partner AIC pinning), PEM loading.
 //! - [`identity`]: AIC format and check code; certificate -> AIC (pure functions).
 //! - [`jsonrpc`]: borrowed envelope parse, method/command vocabulary, error bodies.
-//! - [`routing`]: the Partner table: host + path -> Partner and method.
-//! - [`upstream`]: pooled clients to Partners, timeouts, identity headers.
-//! - [`answer`]: a Partner's answer judged: relayed, or `upstream_bad_response`.
+//! - `routing`: the Partner table: host + path -> Partner and method.
+//! - `upstream`: pooled clients to Partners, timeouts, identity headers.
+//! - `answer`: a Partner's answer judged: relayed, or `upstream_bad_response`.
 //! - [`layers`]: the request path as tower layers over an `Exchange`, tying the above
 //!   together; `layers::streams` serves the `stream` method (buffered relay,
 //!   `re-stream` served by the gateway); embeddable in a Partner (`layers::Handoff`).
-//! - [`sse`]: SSE splitting, event inspection, the replay buffer and the relay.
-//! - [`policy`]: who may call what: access rules, roles, block list, task ownership.
-//! - [`ratelimit`]: per-AIC and per-Partner quotas (governor), concurrency limits.
+//! - `sse`: SSE splitting, event inspection, the replay buffer and the relay.
+//! - `policy`: who may call what: access rules, roles, block list, task ownership.
+//! - `ratelimit`: per-AIC and per-Partner quotas (governor), concurrency limits.
 //! - [`body`]: bounded request body reading; the response body type.
-//! - [`headers`]: the header names the gateway sets, and the hop-by-hop ones it drops.
-//! - [`relay_body`]: a Partner's answer on its way back: its headers filtered, its body
+//! - `headers`: the header names the gateway sets, and the hop-by-hop ones it drops.
+//! - `relay_body`: a Partner's answer on its way back: its headers filtered, its body
 //!   under an idle bound, events counted, permits held until it ends.
-//! - [`outcome`]: how a body ended after its head was sent (access log, metrics).
-//! - [`access_log`]: the request's log line and metrics, filled along the pipeline and
+//! - `outcome`: how a body ended after its head was sent (access log, metrics).
+//! - `access_log`: the request's log line and metrics, filled along the pipeline and
 //!   written once when the response body ends.
-//! - [`upkeep`]: one timer sweeping idle limiter entries, expired replay records and
+//! - `upkeep`: one timer sweeping idle limiter entries, expired replay records and
 //!   task owners.
 //! - [`error`]: the one error type and its mapping.
-//! - [`fdlimit`]: the open-file limit raised at start and checked against the bounds.
+//! - `fdlimit`: the open-file limit raised at start and checked against the bounds.
 //! - `devcerts`: development certificate generation (rcgen); `dev` feature.
 //! - `demo`: a demo Partner implementing the AIP task state machine; `dev` feature.
-//! - [`cli`]: the command line.
-//! - [`admin`], [`metrics`], [`trace`], [`reload`], [`inspect`]: operations (admin
+//! - [`cli`]: the command line and what each command does (`src/main.rs` only picks the
+//!   allocator).
+//! - [`admin`], `metrics`, `trace`, [`reload`], `inspect`: operations (admin
 //!   listener, Prometheus metrics, trace context, hot reload, `inspect-cert`).
-//! - [`hex`]: lowercase hex encoding.
+//! - `hex`: lowercase hex encoding.
 
-pub mod access_log;
+// Items the benches and tests reach through `test_util` are `pub`; without that feature
+// they are unreachable, which the lint rightly reports in the build that has it.
+#![cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
+
+pub(crate) mod access_log;
 pub mod admin;
-pub mod answer;
+pub(crate) mod answer;
 pub mod body;
 pub mod cli;
 pub mod config;
@@ -69,27 +78,29 @@ pub mod demo;
 #[cfg(feature = "dev")]
 pub mod devcerts;
 pub mod error;
-pub mod fdlimit;
+pub(crate) mod fdlimit;
 pub mod gateway;
-pub mod headers;
-pub mod hex;
+pub(crate) mod headers;
+pub(crate) mod hex;
 pub mod identity;
-pub mod inspect;
+pub(crate) mod inspect;
 pub mod jsonrpc;
 pub mod layers;
-pub mod metrics;
-pub mod outcome;
-pub mod policy;
-pub mod ratelimit;
-pub mod relay_body;
+pub(crate) mod metrics;
+pub(crate) mod outcome;
+pub(crate) mod policy;
+pub(crate) mod ratelimit;
+pub(crate) mod relay_body;
 pub mod reload;
-pub mod routing;
+pub(crate) mod routing;
 pub mod server;
-pub mod sse;
-pub mod tls;
-pub mod trace;
-pub mod upkeep;
-pub mod upstream;
+pub(crate) mod sse;
+#[cfg(feature = "test-util")]
+pub mod test_util;
+pub(crate) mod tls;
+pub(crate) mod trace;
+pub(crate) mod upkeep;
+pub(crate) mod upstream;
 
 pub use error::GatewayError;
 pub use gateway::Gateway;

@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 /// The outcome name of a stream that ended as it should.
-pub const COMPLETED: &str = "completed";
+pub(crate) const COMPLETED: &str = "completed";
 /// The outcome name of a stream whose Leader left before its end.
-pub const CLIENT_CLOSED: &str = "client_closed";
+pub(crate) const CLIENT_CLOSED: &str = "client_closed";
 
 /// How a body ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,7 +72,7 @@ impl StreamTally {
 
 /// Whether a recorded stream's end reason is the Partner's doing (counted once per Partner
 /// stream by its recorder, not per follower).
-pub fn partner_caused(reason: &str) -> bool {
+pub(crate) fn partner_caused(reason: &str) -> bool {
     matches!(
         reason,
         "upstream_reset" | "upstream_closed_early" | "upstream_idle_timeout" | "event_too_large"

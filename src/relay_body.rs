@@ -34,7 +34,7 @@ use crate::sse::relay::OnUpstreamFailure;
 /// Why a relayed body ended early: the error frame a plain body ends with (read back by
 /// the access log), and the reason an event stream's final error event carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum RelayError {
+pub(crate) enum RelayError {
     /// No frame from the Partner for `upstream.body_idle_timeout`.
     #[error("the Partner's body was idle too long")]
     IdleTimeout,
@@ -48,7 +48,7 @@ pub enum RelayError {
 
 impl RelayError {
     /// The reason label (`error.data.reason`, logs, metrics).
-    pub fn reason(self) -> &'static str {
+    pub(crate) fn reason(self) -> &'static str {
         match self {
             RelayError::IdleTimeout => "upstream_idle_timeout",
             RelayError::Reset => "upstream_reset",
@@ -58,7 +58,7 @@ impl RelayError {
 
     /// Reads an upstream body error: an end of file before the declared length or the last
     /// chunk is a close; anything else (a TCP reset, an HTTP/2 `RST_STREAM`) a reset.
-    pub fn from_upstream(e: &(dyn std::error::Error + 'static)) -> RelayError {
+    pub(crate) fn from_upstream(e: &(dyn std::error::Error + 'static)) -> RelayError {
         let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
         while let Some(err) = cur {
             if let Some(io) = err.downcast_ref::<std::io::Error>() {
@@ -72,7 +72,7 @@ impl RelayError {
     }
 
     /// The ending it records: a Partner failure, counted where the access log is written.
-    pub fn ending(self) -> Ending {
+    pub(crate) fn ending(self) -> Ending {
         Ending {
             reason: self.reason(),
             count_upstream: true,
@@ -82,7 +82,7 @@ impl RelayError {
 
 /// What an event stream needs: its tally (events, ending) and the id for a final error
 /// event.
-pub struct SseTail {
+pub(crate) struct SseTail {
     /// Events relayed and how the stream ended, for the access log.
     pub tally: Arc<StreamTally>,
     /// The request id echoed in a final error event.
@@ -93,7 +93,7 @@ pub struct SseTail {
 
 /// A relayed body with an idle bound (see the module docs), holding `G` (the request's
 /// permits) until it ends or is dropped.
-pub struct Relayed<B, G = ()> {
+pub(crate) struct Relayed<B, G = ()> {
     body: Option<B>,
     idle: Duration,
     timer: Pin<Box<Sleep>>,
@@ -103,7 +103,7 @@ pub struct Relayed<B, G = ()> {
 
 impl<B, G> Relayed<B, G> {
     /// Wraps `body`; `sse` when it is an event stream.
-    pub fn new(body: B, idle: Duration, sse: Option<SseTail>, held: G) -> Relayed<B, G> {
+    pub(crate) fn new(body: B, idle: Duration, sse: Option<SseTail>, held: G) -> Relayed<B, G> {
         Relayed {
             body: Some(body),
             idle,
@@ -217,7 +217,7 @@ pub fn is_event_stream(headers: &HeaderMap) -> bool {
 /// its body bounded by `idle` (see [`Relayed`]), and `held` (the request's permits) kept
 /// until the body ends. `sse` gives the tail an event stream needs; it is called only for
 /// one.
-pub fn relay_response<B, G>(
+pub(crate) fn relay_response<B, G>(
     resp: Response<B>,
     idle: Duration,
     sse: impl FnOnce() -> SseTail,
@@ -238,7 +238,7 @@ where
 }
 
 /// A response body that keeps `guard` alive until the body ends (permits, counters).
-pub fn hold<G: Send + Unpin + 'static>(body: ResponseBody, guard: G) -> ResponseBody {
+pub(crate) fn hold<G: Send + Unpin + 'static>(body: ResponseBody, guard: G) -> ResponseBody {
     Held {
         body,
         _guard: guard,

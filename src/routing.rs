@@ -91,7 +91,7 @@ impl Router {
 
 /// The host a request is for: the URI authority (HTTP/2), else the Host header, else
 /// the TLS SNI; lowercased, without a port.
-pub fn request_host<'a>(
+pub(crate) fn request_host<'a>(
     uri: &'a http::Uri,
     headers: &'a http::HeaderMap,
     sni: Option<&'a str>,

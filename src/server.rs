@@ -2,7 +2,7 @@
 //! handshake timeout, identity once per connection, HTTP/1.1 or HTTP/2 by ALPN, idle
 //! timeout and graceful drain.
 //!
-//! A connection keeps only its TLS session and its identity ([`ConnIdentity`]); every
+//! A connection keeps only its TLS session and its identity (`ConnIdentity`); every
 //! request loads the gateway's *current* snapshot, so a reload (a blocked AIC, a denied or
 //! removed Partner, a new CRL) applies to the next request on every open connection.
 //!

@@ -11,7 +11,7 @@ use crate::gateway::Gateway;
 
 /// Runs until dropped (the server aborts it at shutdown). Intervals are read from the
 /// snapshot current at each wake, so a reload applies from the next one.
-pub async fn run(gateway: Arc<Gateway>) {
+pub(crate) async fn run(gateway: Arc<Gateway>) {
     let start = Instant::now();
     let (mut limits_at, mut replay_at) = (start, start);
     loop {

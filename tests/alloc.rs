@@ -6,8 +6,8 @@
 use aipgw::config::Config;
 use aipgw::identity::Aic;
 use aipgw::jsonrpc::{Command, Method};
-use aipgw::policy::tasks::{check_task, MemoryTaskOwners, TaskOwners};
-use aipgw::ratelimit::{GovernorLimiter, Limiter};
+use aipgw::test_util::{check_task, MemoryTaskOwners, TaskOwners};
+use aipgw::test_util::{GovernorLimiter, Limiter};
 
 // Per thread: other threads (the test harness, the rate-limit clock's upkeep thread) may
 // allocate at any time; what matters is the thread running the checks.

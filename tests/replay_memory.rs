@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aipgw::identity::Aic;
-use aipgw::sse::memory::{MemoryStore, ReplayLimits};
-use aipgw::sse::replay::{Entry, ReplayStore, StreamEnd, StreamKey, StreamMeta, StreamRecord};
+use aipgw::test_util::{Entry, ReplayStore, StreamEnd, StreamKey, StreamMeta, StreamRecord};
+use aipgw::test_util::{MemoryStore, ReplayLimits};
 use bytes::BytesMut;
 
 // Everything measured here allocates and frees on the test's thread.

@@ -2,8 +2,8 @@
 //! same events (bytes and fields) and the same count. The first two input bytes choose
 //! the split points; the rest is the stream.
 #![no_main]
-use aipgw::sse::count::EventCounter;
-use aipgw::sse::splitter::{fields, Splitter};
+use aipgw::test_util::EventCounter;
+use aipgw::test_util::{fields, Splitter};
 use bytes::Bytes;
 
 fn split(stream: &[u8], cuts: &[usize]) -> (Vec<Bytes>, bool, u64) {

@@ -146,7 +146,7 @@ const LEVEL_RULES: [(usize, usize, u64); 6] = [
 ];
 
 /// Checks dotted level `n` (5 to 10, as written uppercase): its alphabet, then its length
-/// and range (see [`LEVEL_RULES`]).
+/// and range (see `LEVEL_RULES`).
 pub fn check_level(n: usize, level: &[u8]) -> Result<(), AicError> {
     let Some(&(min_len, max_len, least)) = n.checked_sub(5).and_then(|i| LEVEL_RULES.get(i)) else {
         return Err(AicError::Levels);

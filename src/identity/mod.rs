@@ -168,7 +168,7 @@ impl PeerIdentity {
     }
 }
 
-/// The verdict on a connection's certificate (see [`ConnIdentity`] for how it is kept
+/// The verdict on a connection's certificate (see `ConnIdentity` for how it is kept
 /// current).
 #[derive(Debug, Clone)]
 pub enum ConnAuth {

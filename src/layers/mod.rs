@@ -57,7 +57,7 @@ use tower_http::sensitive_headers::{SetSensitiveRequestHeaders, SetSensitiveRequ
 pub use authenticate::{Authenticate, AuthenticateLayer};
 pub use catch_panic::{CatchPanic, CatchPanicLayer};
 pub use envelope::{Envelope, EnvelopeLayer};
-pub use exchange::{missing_step, Call, ConnInfo, Exchange, Outcome, Refusal, Reply, Text};
+pub use exchange::{missing_step, Call, ConnInfo, Exchange, Outcome, Refusal, Reply, State, Text};
 pub use forward::{upstream_headers, upstream_request, Forward};
 pub use handoff::{Caller, Handoff};
 pub use permit::{Permit, PermitLayer};

@@ -5,15 +5,15 @@
 //! against short lists and allocates nothing. Every refusal is `-32009` with a reason,
 //! except a blocked AIC, whose credential counts as revoked (`-32010`).
 
-pub mod pattern;
-pub mod tasks;
+pub(crate) mod pattern;
+pub(crate) mod tasks;
 
 use std::collections::HashSet;
 
 use crate::error::GatewayError;
 use crate::identity::{Aic, CredentialError};
 use crate::jsonrpc::Method;
-pub use pattern::AicPattern;
+pub(crate) use pattern::AicPattern;
 
 /// An allow list and a deny list. Deny wins; a non-empty allow list refuses everyone else.
 #[derive(Debug, Clone, Default)]
@@ -64,7 +64,7 @@ impl PartnerAccess {
 }
 
 /// Parses a method pattern list (`rpc`, `notification/*`, `*`) into a method set.
-pub fn method_set(names: &[String]) -> Result<[bool; Method::ALL.len()], String> {
+pub(crate) fn method_set(names: &[String]) -> Result<[bool; Method::ALL.len()], String> {
     let mut set = [false; Method::ALL.len()];
     for n in names {
         let mut hit = false;

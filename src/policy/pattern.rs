@@ -11,7 +11,7 @@ use crate::identity::aic::{check_level, DOTTED_PREFIX};
 use crate::identity::{Aic, AicForm};
 
 /// Where the AIC's fields end (version; provider; entity; year; agent serial; instance).
-pub const FIELD_ENDS: [usize; 6] = [1, 5, 10, 13, 22, 30];
+pub(crate) const FIELD_ENDS: [usize; 6] = [1, 5, 10, 13, 22, 30];
 
 /// A compiled pattern.
 #[derive(Debug, Clone, PartialEq, Eq)]

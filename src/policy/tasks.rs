@@ -6,7 +6,7 @@
 //! A `start` takes a provisional claim before it is forwarded (so two Leaders racing for
 //! one `taskId` cannot both pass); the claim is kept only if the Partner accepted the
 //! start (2xx with a JSON-RPC `result`, or an event stream), and released otherwise, so a
-//! refused start never locks the real owner out ([`PendingClaim`]).
+//! refused start never locks the real owner out (`PendingClaim`).
 //!
 //! Behind a small trait ([`TaskOwners`]) so a Redis-backed store can follow. The in-memory
 //! store is bounded (`policy.tasks.max_entries`): when full, the least recently used task
@@ -353,7 +353,7 @@ impl std::fmt::Debug for PendingClaim {
 }
 
 /// Applies task ownership to one request: a `start` claims the task (provisionally: see
-/// [`PendingClaim`]), any other command on a `taskId` (including
+/// `PendingClaim`), any other command on a `taskId` (including
 /// `notification/set|get|delete`) must come from its owner.
 #[allow(clippy::too_many_arguments)]
 pub fn check_task(

@@ -76,9 +76,7 @@ pub struct KeyedPermit<K: Hash + Eq + Copy> {
 }
 
 /// Open streams per AIC.
-pub type StreamCounts = KeyedCounts<Aic>;
-/// One open stream of an AIC.
-pub type StreamPermit = KeyedPermit<Aic>;
+pub(crate) type StreamCounts = KeyedCounts<Aic>;
 
 impl<K: Hash + Eq + Copy> KeyedCounts<K> {
     /// At most `max` per key (`None`: counted, unlimited).

@@ -12,8 +12,8 @@
 //! A config reload keeps the state of every quota whose settings did not change
 //! ([`Limiter::reconfigured`]): reloading never hands a throttled caller a fresh burst.
 
-pub mod concurrency;
-pub mod store;
+pub(crate) mod concurrency;
+pub(crate) mod store;
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;

@@ -31,7 +31,7 @@ struct Inner<K: Hash + Eq> {
 }
 
 /// The shared map of keys to their slots.
-pub struct CappedStore<K: Hash + Eq>(Arc<Inner<K>>);
+pub(crate) struct CappedStore<K: Hash + Eq>(Arc<Inner<K>>);
 
 impl<K: Hash + Eq> Clone for CappedStore<K> {
     fn clone(&self) -> Self {
@@ -41,7 +41,7 @@ impl<K: Hash + Eq> Clone for CappedStore<K> {
 
 impl<K: Hash + Eq + Clone> CappedStore<K> {
     /// An empty store with `slots` states per key.
-    pub fn new(slots: usize) -> Self {
+    pub(crate) fn new(slots: usize) -> Self {
         CappedStore(Arc::new(Inner {
             map: DashMap::with_hasher(ahash::RandomState::new()),
             len: AtomicUsize::new(0),
@@ -50,12 +50,12 @@ impl<K: Hash + Eq + Clone> CappedStore<K> {
     }
 
     /// Keys tracked.
-    pub fn tracked(&self) -> usize {
+    pub(crate) fn tracked(&self) -> usize {
         self.0.len.load(Ordering::Acquire)
     }
 
     /// Whether `key` is tracked.
-    pub fn contains(&self, key: &K) -> bool {
+    pub(crate) fn contains(&self, key: &K) -> bool {
         self.0.map.contains_key(key)
     }
 
@@ -64,7 +64,13 @@ impl<K: Hash + Eq + Clone> CappedStore<K> {
     /// this store's slot `to_slot`. States are GCRA theoretical arrival times counted from
     /// each limiter's start; `shift` is how much later this store's limiter started, so
     /// each is moved back by it (a time at or before the new start is fresh, 0).
-    pub fn carry_slot(&self, from: &CappedStore<K>, from_slot: usize, to_slot: usize, shift: u64) {
+    pub(crate) fn carry_slot(
+        &self,
+        from: &CappedStore<K>,
+        from_slot: usize,
+        to_slot: usize,
+        shift: u64,
+    ) {
         let inner = &self.0;
         for item in from.0.map.iter() {
             let old = item.value()[from_slot].load(Ordering::Acquire);
@@ -86,7 +92,7 @@ impl<K: Hash + Eq + Clone> CappedStore<K> {
     }
 
     /// The view of one slot, for one governor limiter.
-    pub fn slot(&self, slot: usize) -> SlotStore<K> {
+    pub(crate) fn slot(&self, slot: usize) -> SlotStore<K> {
         assert!(slot < self.0.slots, "slot {slot} of {}", self.0.slots);
         SlotStore {
             store: self.clone(),
@@ -96,7 +102,7 @@ impl<K: Hash + Eq + Clone> CappedStore<K> {
 }
 
 /// One quota's view of a [`CappedStore`].
-pub struct SlotStore<K: Hash + Eq> {
+pub(crate) struct SlotStore<K: Hash + Eq> {
     store: CappedStore<K>,
     slot: usize,
 }

@@ -11,11 +11,11 @@ use serde_json::value::RawValue;
 use super::splitter::fields;
 
 /// Task states after which a stream ends.
-pub const TERMINAL_STATES: [&str; 4] = ["completed", "canceled", "failed", "rejected"];
+pub(crate) const TERMINAL_STATES: [&str; 4] = ["completed", "canceled", "failed", "rejected"];
 
 /// What an event says, as far as the relay cares.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct EventInfo {
+pub(crate) struct EventInfo {
     /// `result.eventSeq`, when the data is a JSON-RPC response carrying one.
     pub seq: Option<u64>,
     /// The byte range of the JSON-RPC `id` value within the event bytes.
@@ -61,7 +61,7 @@ struct Status<'a> {
 
 /// Inspects one event's bytes. Events whose data is not a JSON-RPC response (or not JSON)
 /// get an empty [`EventInfo`]: they are relayed but not buffered.
-pub fn inspect(event: &[u8]) -> EventInfo {
+pub(crate) fn inspect(event: &[u8]) -> EventInfo {
     let f = fields(event);
     let Some(data) = f.data.as_deref() else {
         return EventInfo::default();

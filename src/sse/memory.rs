@@ -156,7 +156,7 @@ impl LogState {
 }
 
 /// One stream's log, in memory.
-pub struct MemRecord {
+pub(crate) struct MemRecord {
     id: u64,
     key: StreamKey,
     meta: StreamMeta,

@@ -1,10 +1,10 @@
 //! Server-sent events: splitting a Partner's stream into events, reading their
 //! `eventSeq`, buffering them for replay, and relaying them to Leaders.
 
-pub mod count;
-pub mod event;
-pub mod memory;
-pub mod relay;
-pub mod replay;
+pub(crate) mod count;
+pub(crate) mod event;
+pub(crate) mod memory;
+pub(crate) mod relay;
+pub(crate) mod replay;
 mod slots;
-pub mod splitter;
+pub(crate) mod splitter;

@@ -332,7 +332,7 @@ impl Follower {
 
 /// A final SSE event carrying a JSON-RPC -32603 error: `reason`, and the last `eventSeq`
 /// the Leader got (`Some(None)` for none; `None` when the gateway cannot tell).
-pub fn error_event(
+pub(crate) fn error_event(
     id: &RpcId,
     reason: &'static str,
     last_event_seq: Option<Option<u64>>,

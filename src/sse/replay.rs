@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use crate::identity::Aic;
 
 /// Marks an entry that has no `eventSeq` (relayed live, never replayed).
-pub const NO_SEQ: u64 = u64::MAX;
+pub(crate) const NO_SEQ: u64 = u64::MAX;
 
 /// Which stream: (Partner, taskId).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -41,7 +41,7 @@ pub struct StreamMeta {
 /// store keeps it is the store's own: the in-memory one packs it into a 32-byte slot.)
 #[derive(Debug, Clone)]
 pub struct Entry {
-    /// `eventSeq`, or [`NO_SEQ`].
+    /// `eventSeq`, or `NO_SEQ`.
     pub seq: u64,
     /// The event as the Partner sent it (through its blank line).
     pub bytes: Bytes,
@@ -135,7 +135,7 @@ pub trait StreamRecord: Send + Sync {
     fn followers(&self) -> watch::Receiver<usize>;
     /// Counts a reader in (the returned guard counts it out when dropped).
     fn follow(self: Arc<Self>) -> FollowerGuard;
-    /// Counts a reader out (called by [`FollowerGuard`]).
+    /// Counts a reader out (called by `FollowerGuard`).
     fn unfollow(&self);
 }
 

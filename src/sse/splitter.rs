@@ -79,6 +79,7 @@ impl Splitter {
     }
 
     /// Bytes held for an incomplete event.
+    #[cfg(test)]
     pub fn pending_len(&self) -> usize {
         self.pending.len()
     }

@@ -22,13 +22,13 @@ use crate::identity::Aic;
 /// The error a Partner certificate gets when its AIC is not the configured one.
 #[derive(Debug, thiserror::Error)]
 #[error("Partner certificate AIC is not {expected}")]
-pub struct PartnerAicMismatch {
+pub(crate) struct PartnerAicMismatch {
     /// The AIC the config requires.
     pub expected: Aic,
 }
 
 /// Builds the client config for one Partner.
-pub fn partner_client_config(
+pub(crate) fn partner_client_config(
     tls: &PartnerTlsConfig,
     expected_aic: Option<Aic>,
     aic_suffix: &str,

@@ -25,7 +25,7 @@ pub fn load_key(path: &Path) -> anyhow::Result<PrivateKeyDer<'static>> {
 }
 
 /// The CRLs in a file: PEM (one or more) or a single DER CRL.
-pub fn load_crls(path: &Path) -> anyhow::Result<Vec<CertificateRevocationListDer<'static>>> {
+pub(crate) fn load_crls(path: &Path) -> anyhow::Result<Vec<CertificateRevocationListDer<'static>>> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     if bytes.starts_with(b"-----") || bytes.iter().take(64).all(|b| b.is_ascii()) {
         let crls = CertificateRevocationListDer::pem_slice_iter(&bytes)

@@ -46,12 +46,14 @@ pub struct ServerTls {
 static GENERATION: AtomicU64 = AtomicU64::new(1);
 
 /// The crypto provider used everywhere (ring).
-pub fn provider() -> Arc<CryptoProvider> {
+pub(crate) fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
 /// The WebPKI client verifier for the configured CAs and CRLs.
-pub fn client_chain_verifier(l: &ListenerConfig) -> anyhow::Result<Arc<dyn ClientCertVerifier>> {
+pub(crate) fn client_chain_verifier(
+    l: &ListenerConfig,
+) -> anyhow::Result<Arc<dyn ClientCertVerifier>> {
     let mut roots = RootCertStore::empty();
     for path in &l.client_ca {
         for cert in pem::load_certs(path)? {
@@ -104,7 +106,7 @@ fn crl_next_update(l: &ListenerConfig) -> anyhow::Result<Option<u64>> {
 }
 
 /// Builds the listener's TLS settings.
-pub fn build(l: &ListenerConfig, rules: AicRules) -> anyhow::Result<ServerTls> {
+pub(crate) fn build(l: &ListenerConfig, rules: AicRules) -> anyhow::Result<ServerTls> {
     let chain = client_chain_verifier(l)?;
     let strict = l.client_auth == ClientAuthMode::Strict;
     let rules = Arc::new(rules);
@@ -142,7 +144,7 @@ pub fn build(l: &ListenerConfig, rules: AicRules) -> anyhow::Result<ServerTls> {
 
 /// The listener's client-certificate verifier, in one of the two modes.
 #[derive(Debug)]
-pub struct GatewayClientVerifier {
+pub(crate) struct GatewayClientVerifier {
     inner: Arc<dyn ClientCertVerifier>,
     /// `Some(rules)` in strict mode: chain and AIC are checked during the handshake.
     /// `None` in jsonrpc mode: any chain is accepted here and verified right after the

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use aipgw::config::Config;
 use aipgw::demo::{partner, DemoOptions, DemoPartner};
-use aipgw::tls::pem;
+use aipgw::test_util::{load_certs, load_key};
 use aipgw::Gateway;
 use tokio::net::TcpListener;
 
@@ -15,7 +15,7 @@ use crate::support::*;
 fn dev_leader(name: &str, h2: bool) -> Leader {
     let certs = Path::new(env!("CARGO_MANIFEST_DIR")).join("certs");
     let mut roots = rustls::RootCertStore::empty();
-    for c in pem::load_certs(&certs.join("ca.pem")).unwrap() {
+    for c in load_certs(&certs.join("ca.pem")).unwrap() {
         roots.add(c).unwrap();
     }
     let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
@@ -25,8 +25,8 @@ fn dev_leader(name: &str, h2: bool) -> Leader {
     .unwrap()
     .with_root_certificates(roots)
     .with_client_auth_cert(
-        pem::load_certs(&certs.join(format!("{name}.pem"))).unwrap(),
-        pem::load_key(&certs.join(format!("{name}.key"))).unwrap(),
+        load_certs(&certs.join(format!("{name}.pem"))).unwrap(),
+        load_key(&certs.join(format!("{name}.key"))).unwrap(),
     )
     .unwrap();
     cfg.alpn_protocols = vec![if h2 {

@@ -581,7 +581,7 @@ pub struct StreamReply {
     pub status: StatusCode,
     pub headers: HeaderMap,
     body: Incoming,
-    splitter: aipgw::sse::splitter::Splitter,
+    splitter: aipgw::test_util::Splitter,
     ready: std::collections::VecDeque<Bytes>,
     conn: tokio::task::JoinHandle<()>,
 }
@@ -608,7 +608,7 @@ impl StreamReply {
     pub async fn next_event(&mut self) -> Option<Event> {
         loop {
             if let Some(raw) = self.ready.pop_front() {
-                let f = aipgw::sse::splitter::fields(&raw);
+                let f = aipgw::test_util::fields(&raw);
                 let Some(data) = f.data else { continue };
                 return Some(Event {
                     sse_id: f.id.map(|i| String::from_utf8_lossy(i).into_owned()),
@@ -665,7 +665,7 @@ impl Leader {
             status: parts.status,
             headers: parts.headers,
             body,
-            splitter: aipgw::sse::splitter::Splitter::new(1 << 24),
+            splitter: aipgw::test_util::Splitter::new(1 << 24),
             ready: Default::default(),
             conn,
         }

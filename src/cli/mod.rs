@@ -1,6 +1,10 @@
-//! The command line (clap). `main` only parses, sets up logging and dispatches here.
+//! The command line: its arguments (clap) here, what each command does in `commands`.
+
+mod commands;
 
 use std::path::PathBuf;
+
+pub use commands::main;
 
 use clap::{Parser, Subcommand};
 

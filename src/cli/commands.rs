@@ -1,0 +1,219 @@
+//! What the `aipgw` binary does with its command line (the binary itself only picks the
+//! allocator and calls [`main`]).
+//!
+//! Exit codes: 0 success; 1 a runtime failure, a failed `check`, or a certificate
+//! `inspect-cert` would reject; 64 (EX_USAGE) a usage or config error.
+
+use std::process::ExitCode;
+
+use super::{Cli, Command};
+use crate::config::Config;
+use clap::Parser;
+use tokio::net::TcpListener;
+use tracing_subscriber::EnvFilter;
+
+const EX_USAGE: u8 = 64;
+
+/// A failure and the exit code it maps to.
+struct Failure(u8, anyhow::Error);
+
+fn usage(e: anyhow::Error) -> Failure {
+    Failure(EX_USAGE, e)
+}
+
+fn failed(e: anyhow::Error) -> Failure {
+    Failure(1, e)
+}
+
+/// The `aipgw` binary's whole work: parse the command line, run the command, map the
+/// outcome to an exit code.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { EX_USAGE } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    // `run` and `demo` log as their config says; a bad config is reported before that.
+    let path = match &cli.command {
+        Command::Run { config } => Some(config),
+        #[cfg(feature = "dev")]
+        Command::Demo { config } => Some(config),
+        _ => None,
+    };
+    let config = match path.map(|p| Config::load(p)).transpose() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("aipgw: {e:#}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    let level = cli
+        .log
+        .clone()
+        .or_else(|| config.as_ref().map(|c| c.log_level.clone()))
+        .unwrap_or_else(|| "info".to_owned());
+    let json = config
+        .as_ref()
+        .is_some_and(|c| c.log_format == crate::config::LogFormat::Json);
+    init_tracing(&level, json);
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    if let Some(n) = config.as_ref().map(|c| c.worker_threads).filter(|&n| n > 0) {
+        builder.worker_threads(n);
+    }
+    let runtime = match builder.build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("aipgw: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(dispatch(cli.command, config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure(code, e)) => {
+            eprintln!("aipgw: {e:#}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+fn init_tracing(level: &str, json: bool) {
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(level))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        // Colour only for a terminal: log files and collectors get plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().flatten_event(true).init();
+    } else {
+        builder.init();
+    }
+}
+
+/// Serves the admin listener, if configured, until the returned handle is aborted.
+async fn start_admin(
+    cfg_bind: Option<std::net::SocketAddr>,
+    gateway: &std::sync::Arc<crate::Gateway>,
+) -> Result<Option<tokio::task::JoinHandle<()>>, Failure> {
+    let Some(bind) = cfg_bind else {
+        return Ok(None);
+    };
+    let listener = TcpListener::bind(bind).await.map_err(|e| {
+        failed(anyhow::anyhow!(
+            "cannot bind the admin listener {bind}: {e}"
+        ))
+    })?;
+    tracing::info!(%bind, "admin listener: /healthz /readyz /metrics");
+    Ok(Some(tokio::spawn(crate::admin::run(
+        listener,
+        gateway.clone(),
+        std::future::pending(),
+    ))))
+}
+
+async fn dispatch(command: Command, config: Option<Config>) -> Result<(), Failure> {
+    match command {
+        Command::Run { .. } => {
+            let cfg = config.ok_or_else(|| usage(anyhow::anyhow!("no config")))?;
+            let (bind, admin_bind) = (cfg.listener.bind, cfg.admin_bind);
+            let reload = cfg
+                .source
+                .clone()
+                .map(|p| (p, cfg.reload_watch, cfg.reload_debounce));
+            crate::fdlimit::ensure(&cfg).map_err(failed)?;
+            let gateway = crate::Gateway::new(cfg).map_err(usage)?;
+            let listener = TcpListener::bind(bind)
+                .await
+                .map_err(|e| failed(anyhow::anyhow!("cannot bind {bind}: {e}")))?;
+            let admin = start_admin(admin_bind, &gateway).await?;
+            // SIGHUP always reloads; file changes too unless `reload.watch = false`.
+            let watcher = reload.map(|(path, watch, debounce)| {
+                crate::reload::spawn(gateway.clone(), path, debounce, watch)
+            });
+            tracing::info!(%bind, "aipgw listening");
+            let result = crate::server::run(listener, gateway, shutdown_signal())
+                .await
+                .map_err(failed);
+            for task in admin.into_iter().chain(watcher) {
+                task.abort();
+            }
+            result
+        }
+        Command::Check { config } => {
+            let cfg = Config::load(&config).map_err(failed)?;
+            crate::Gateway::new(cfg).map_err(failed)?;
+            println!("{}: ok", config.display());
+            Ok(())
+        }
+        Command::InspectCert { file, config } => {
+            let cfg = config
+                .as_deref()
+                .map(Config::load)
+                .transpose()
+                .map_err(usage)?;
+            let suffix = cfg
+                .as_ref()
+                .map_or("acps.pub".to_owned(), |c| c.aic_domain_suffix.clone());
+            let report = crate::inspect::inspect(&file, cfg.as_ref(), &suffix).map_err(usage)?;
+            print!("{}", report.text);
+            if report.accepted {
+                Ok(())
+            } else {
+                Err(failed(anyhow::anyhow!(
+                    "{}: would be rejected",
+                    file.display()
+                )))
+            }
+        }
+        #[cfg(feature = "dev")]
+        Command::Demo { config: path } => crate::demo::run(&path, shutdown_signal())
+            .await
+            .map_err(usage),
+        #[cfg(feature = "dev")]
+        Command::DemoPartner { bind } => {
+            let listener = TcpListener::bind(&bind)
+                .await
+                .map_err(|e| failed(anyhow::anyhow!("cannot bind {bind}: {e}")))?;
+            eprintln!("demo Partner on http://{bind}");
+            let partner = crate::demo::DemoPartner::new(Default::default());
+            crate::demo::partner::serve(listener, partner, shutdown_signal())
+                .await
+                .map_err(|e| failed(e.into()))
+        }
+        #[cfg(feature = "dev")]
+        Command::DevCerts { out } => {
+            crate::devcerts::write_dev_certs(&out).map_err(failed)?;
+            println!("development certificates written to {}", out.display());
+            Ok(())
+        }
+    }
+}
+
+/// Completes on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+    tracing::info!("shutting down: draining connections");
+}

@@ -1,0 +1,15 @@
+//! The gateway's internals that its own benches, integration tests and fuzz targets
+//! drive directly (`test-util` feature, enabled by `dev`). Not an API: nothing here is
+//! promised to stay.
+
+pub use crate::answer::{vet, AnswerLimits};
+pub use crate::policy::tasks::{check_task, MemoryTaskOwners, TaskOwners};
+pub use crate::ratelimit::{GovernorLimiter, Limiter};
+pub use crate::relay_body::is_event_stream;
+pub use crate::sse::count::EventCounter;
+pub use crate::sse::memory::{MemoryStore, ReplayLimits};
+pub use crate::sse::relay::{follow, record_upstream, StreamSettings};
+pub use crate::sse::replay::{Entry, ReplayStore, StreamEnd, StreamKey, StreamMeta, StreamRecord};
+pub use crate::sse::splitter::{fields, Splitter};
+pub use crate::tls::pem::{load_certs, load_key};
+pub use crate::trace::parse_traceparent;
