@@ -17,7 +17,11 @@ use anyhow::{bail, Context};
 use crate::identity::Aic;
 use crate::jsonrpc::Method;
 pub use raw::ClientAuthMode;
-use raw::{RawConfig, RawPartner};
+use raw::RawConfig;
+
+mod sections;
+
+use crate::identity::aic::DottedCheck;
 
 /// Settings enums the rest of the gateway names (the file's raw structs stay in `raw`).
 pub use raw::{AipVersion, LogFormat};
@@ -198,173 +202,26 @@ impl Config {
         Config::from_raw(raw, base)
     }
 
-    fn from_raw(raw: RawConfig, base: &Path) -> anyhow::Result<Config> {
-        let resolve = |p: &Path| -> PathBuf {
-            if p.is_absolute() {
-                p.to_path_buf()
-            } else {
-                base.join(p)
-            }
-        };
-        let l = raw.listener;
-        let bind: SocketAddr = l
-            .bind
-            .parse()
-            .with_context(|| format!("listener.bind: {:?} is not an address:port", l.bind))?;
-        if l.client_ca.is_empty() {
-            bail!("listener.client_ca: at least one CA bundle is required");
-        }
-        for (key, d) in [
-            ("listener.handshake_timeout", l.handshake_timeout),
-            ("listener.header_read_timeout", l.header_read_timeout),
-            ("listener.body_read_timeout", l.body_read_timeout),
-            ("listener.idle_timeout", l.idle_timeout),
-            (
-                "listener.http2_keepalive_timeout",
-                l.http2_keepalive_timeout,
-            ),
-            ("upstream.body_idle_timeout", raw.upstream.body_idle_timeout),
-            ("upstream.connect_timeout", raw.upstream.connect_timeout),
-            ("upstream.response_timeout", raw.upstream.response_timeout),
-            ("stream.keepalive_interval", raw.stream.keepalive_interval),
-            ("stream.idle_timeout", raw.stream.idle_timeout),
-            ("stream.detach_timeout", raw.stream.detach_timeout),
-        ] {
-            if d.is_zero() {
-                bail!("{key}: must be greater than zero");
-            }
-        }
-        if l.max_connections == 0 {
-            bail!("listener.max_connections: must be at least 1");
-        }
-        if l.max_handshakes_per_ip == 0 {
-            bail!("listener.max_handshakes_per_ip: must be at least 1");
-        }
-        if l.http2_max_concurrent_streams == 0 {
-            bail!("listener.http2_max_concurrent_streams: must be at least 1");
-        }
-        for (key, n) in [
-            ("stream.max_event_bytes", raw.stream.max_event_bytes),
-            (
-                "replay.max_events_per_stream",
-                raw.replay.max_events_per_stream,
-            ),
-            (
-                "replay.max_bytes_per_stream",
-                raw.replay.max_bytes_per_stream,
-            ),
-            ("replay.max_total_bytes", raw.replay.max_total_bytes),
-            ("replay.max_streams", raw.replay.max_streams),
-            (
-                "upstream.max_error_body_bytes",
-                raw.upstream.max_error_body_bytes,
-            ),
-        ] {
-            if n == 0 {
-                bail!("{key}: must be at least 1");
-            }
-        }
-        if !(65_535..=(1 << 31) - 1).contains(&raw.upstream.http2_connection_window) {
-            bail!("upstream.http2_connection_window: must be between 65535 and 2^31-1 bytes");
-        }
-        if raw.limits.max_body_bytes == 0 {
-            bail!("limits.max_body_bytes: must be at least 1");
-        }
+    fn from_raw(mut raw: RawConfig, base: &Path) -> anyhow::Result<Config> {
+        resolve_paths(&mut raw, base);
         let suffix = raw.identity.aic_domain_suffix.trim_matches('.').to_owned();
         if suffix.is_empty() {
             bail!("identity.aic_domain_suffix: must not be empty");
         }
-        let listener = ListenerConfig {
-            bind,
-            cert: resolve(&l.cert),
-            key: resolve(&l.key),
-            client_ca: l.client_ca.iter().map(|p| resolve(p)).collect(),
-            crl: l.crl.iter().map(|p| resolve(p)).collect(),
-            client_auth: l.client_auth,
-            allow_expired_crl: l.allow_expired_crl,
-            allow_unknown_revocation_status: l.allow_unknown_revocation_status,
-            handshake_timeout: l.handshake_timeout,
-            header_read_timeout: l.header_read_timeout,
-            body_read_timeout: l.body_read_timeout,
-            idle_timeout: l.idle_timeout,
-            max_connections: l.max_connections,
-            http2_max_concurrent_streams: l.http2_max_concurrent_streams,
-            http2_keepalive_timeout: l.http2_keepalive_timeout,
-            max_handshakes_per_ip: l.max_handshakes_per_ip,
-            drain_timeout: l.drain_timeout,
-            error_status: l.error_status,
-            tls_session_cache: l.tls_session_cache,
-        };
-        let mut salts = std::collections::HashMap::new();
-        for (registrar, hex) in &raw.identity.registrar_salts.0 {
-            let key = format!("identity.registrar_salts.{registrar:?}");
-            let upper = registrar.to_ascii_uppercase();
-            if crate::identity::aic::check_level(6, upper.as_bytes()).is_err() {
-                bail!("{key}: not a registrar serial (1 to 6 characters of 0-9A-Z, not 0)");
-            }
-            // The salt itself is never echoed: it is a secret.
-            let bytes =
-                crate::hex::decode(hex).with_context(|| format!("{key}: the salt is not hex"))?;
-            if bytes.len() < 2 {
-                bail!("{key}: a salt has at least 2 bytes");
-            }
-            salts.insert(upper, bytes);
-        }
-        let dotted = crate::identity::aic::DottedCheck {
-            required: raw.identity.dotted_check == raw::DottedCheckMode::Required,
-            salts,
-        };
-        let policy = crate::policy::GlobalPolicy {
-            sender_roles: raw.policy.sender_roles.clone(),
-            blocked: raw
-                .policy
-                .blocked
-                .iter()
-                .enumerate()
-                .map(|(i, a)| {
-                    Aic::parse(a).map_err(|e| anyhow::anyhow!("policy.blocked[{i}]: {a:?}: {e}"))
-                })
-                .collect::<anyhow::Result<_>>()?,
-        };
-        let t = &raw.policy.tasks;
-        if t.max_entries == 0 || t.ttl.is_zero() {
-            bail!("policy.tasks: max_entries and ttl must be greater than zero");
-        }
-        let tasks = TaskPolicy {
-            max_entries: t.max_entries,
-            ttl: t.ttl,
-            unknown: t.unknown,
-        };
-        let rl = &raw.ratelimit;
-        if rl.max_keys == 0 || rl.sweep_interval.is_zero() {
-            bail!("ratelimit: max_keys and sweep_interval must be greater than zero");
+        if raw.limits.max_body_bytes == 0 {
+            bail!("limits.max_body_bytes: must be at least 1");
         }
         if raw.replay.sweep_interval.is_zero() {
             bail!("replay.sweep_interval must be greater than zero");
         }
-        if rl.max_streams_per_aic == Some(0) {
-            bail!("ratelimit.max_streams_per_aic: must be at least 1 (omit it for no limit)");
-        }
-        let mut limiter = crate::ratelimit::LimiterConfig {
-            default: rate("ratelimit", rl.rate, rl.burst)?,
-            max_keys: rl.max_keys,
-            ..Default::default()
-        };
-        for (i, o) in rl.overrides.iter().enumerate() {
-            let key = format!("ratelimit.aic[{i}]");
-            let aic =
-                Aic::parse(&o.aic).map_err(|e| anyhow::anyhow!("{key}.aic: {:?}: {e}", o.aic))?;
-            let r = rate(&key, Some(o.rate), o.burst)?.context("rate")?;
-            if limiter.overrides.insert(aic, r).is_some() {
-                bail!("{key}.aic: {} appears twice", o.aic);
-            }
-        }
+        let dotted = DottedCheck::try_from(&raw.identity)?;
+        let mut ratelimit = RateLimitSettings::try_from(&raw.ratelimit)?;
         let mut names = HashSet::new();
         let mut routes = HashSet::new();
         let mut partners = Vec::with_capacity(raw.partners.len());
         for (i, p) in raw.partners.into_iter().enumerate() {
             let key = format!("partner[{i}] ({})", p.name);
-            let partner = partner_from_raw(p, &resolve).with_context(|| key.clone())?;
+            let partner = PartnerConfig::try_from(p).with_context(|| key.clone())?;
             if let Some(aic) = partner.aic {
                 dotted
                     .judge(&aic)
@@ -387,38 +244,21 @@ impl Config {
                     );
                 }
             }
-            limiter.partners.insert(partner.name.clone(), partner.rates);
+            ratelimit
+                .limiter
+                .partners
+                .insert(partner.name.clone(), partner.rates);
             partners.push(partner);
         }
         Ok(Config {
             source: None,
-            listener,
+            listener: ListenerConfig::try_from(raw.listener)?,
             aic_domain_suffix: suffix,
-            dotted: dotted.clone(),
+            dotted,
             max_body_bytes: raw.limits.max_body_bytes,
-            upstream: UpstreamConfig {
-                connect_timeout: raw.upstream.connect_timeout,
-                response_timeout: raw.upstream.response_timeout,
-                pool_idle_timeout: raw.upstream.pool_idle_timeout,
-                pool_max_idle_per_host: raw.upstream.pool_max_idle_per_host,
-                body_idle_timeout: raw.upstream.body_idle_timeout,
-                max_error_body_bytes: raw.upstream.max_error_body_bytes,
-                http2_connection_window: raw.upstream.http2_connection_window,
-            },
-            stream: crate::sse::relay::StreamSettings {
-                keepalive_interval: raw.stream.keepalive_interval,
-                idle_timeout: raw.stream.idle_timeout,
-                detach_timeout: raw.stream.detach_timeout,
-                max_event_bytes: raw.stream.max_event_bytes,
-                on_upstream_failure: raw.stream.on_upstream_failure,
-            },
-            replay: crate::sse::memory::ReplayLimits {
-                max_events_per_stream: raw.replay.max_events_per_stream,
-                max_bytes_per_stream: raw.replay.max_bytes_per_stream,
-                max_total_bytes: raw.replay.max_total_bytes,
-                max_streams: raw.replay.max_streams,
-                retention: raw.replay.retention,
-            },
+            upstream: UpstreamConfig::try_from(&raw.upstream)?,
+            stream: crate::sse::relay::StreamSettings::try_from(&raw.stream)?,
+            replay: crate::sse::memory::ReplayLimits::try_from(&raw.replay)?,
             replay_sweep_interval: raw.replay.sweep_interval,
             admin_bind: match raw.admin.bind.as_str() {
                 "" => None,
@@ -432,161 +272,33 @@ impl Config {
             reload_debounce: raw.reload.debounce,
             log_format: raw.log.format,
             worker_threads: raw.runtime.worker_threads,
-            policy,
-            tasks,
-            ratelimit: RateLimitSettings {
-                limiter,
-                sweep_interval: rl.sweep_interval,
-                max_streams_per_aic: rl.max_streams_per_aic,
-                reply_id_max_bytes: rl.reply_id_max_bytes,
-            },
+            policy: crate::policy::GlobalPolicy::try_from(&raw.policy)?,
+            tasks: TaskPolicy::try_from(&raw.policy.tasks)?,
+            ratelimit,
             partners,
         })
     }
 }
 
-/// A rate from `rate` (per second) and `burst` (default: the rate, rounded up).
-fn rate(
-    key: &str,
-    per_second: Option<f64>,
-    burst: Option<u32>,
-) -> anyhow::Result<Option<crate::ratelimit::Rate>> {
-    match (per_second, burst) {
-        (None, None) => Ok(None),
-        (None, Some(_)) => bail!("{key}: a burst needs a rate"),
-        (Some(r), _) if !(r.is_finite() && r > 0.0) => {
-            bail!("{key}: rate must be a positive number of requests per second")
-        }
-        (Some(_), Some(0)) => bail!("{key}: burst must be at least 1"),
-        (Some(r), b) => Ok(Some(crate::ratelimit::Rate {
-            per_second: r,
-            burst: b.unwrap_or(r.ceil() as u32).max(1),
-        })),
-    }
-}
-
-fn access_from_raw(a: &raw::RawAccess) -> anyhow::Result<crate::policy::PartnerAccess> {
-    let patterns =
-        |key: String, list: &[String]| -> anyhow::Result<Vec<crate::policy::AicPattern>> {
-            list.iter()
-                .enumerate()
-                .map(|(i, p)| p.parse().map_err(|e| anyhow::anyhow!("{key}[{i}]: {e}")))
-                .collect()
-        };
-    let mut access = crate::policy::PartnerAccess {
-        base: crate::policy::AccessRule {
-            allow: patterns("access.allow".into(), &a.allow)?,
-            deny: patterns("access.deny".into(), &a.deny)?,
-        },
-        methods: Vec::new(),
-    };
-    for (i, m) in a.methods.iter().enumerate() {
-        let key = format!("access.methods[{i}]");
-        let set = crate::policy::method_set(&m.methods)
-            .map_err(|e| anyhow::anyhow!("{key}.methods: {e}"))?;
-        access.methods.push((
-            set,
-            crate::policy::AccessRule {
-                allow: patterns(format!("{key}.allow"), &m.allow)?,
-                deny: patterns(format!("{key}.deny"), &m.deny)?,
-            },
-        ));
-    }
-    Ok(access)
-}
-
-fn partner_from_raw(
-    p: RawPartner,
-    resolve: &dyn Fn(&Path) -> PathBuf,
-) -> anyhow::Result<PartnerConfig> {
-    if p.name.is_empty() {
-        bail!("name: must not be empty");
-    }
-    let prefix = normalize_prefix(&p.prefix).context("prefix")?;
-    if p.upstreams.is_empty() {
-        bail!("upstreams: at least one upstream URL is required");
-    }
-    let mut upstreams = Vec::new();
-    for (j, u) in p.upstreams.iter().enumerate() {
-        let uri: http::Uri = u
-            .parse()
-            .with_context(|| format!("upstreams[{j}]: {u:?} is not a URL"))?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some("https") if p.tls.is_some() => {}
-            Some("https") => {
-                bail!("upstreams[{j}]: an https upstream needs [partner.tls] with a ca")
-            }
-            _ => bail!("upstreams[{j}]: {u:?} must start with http:// or https://"),
-        }
-        if uri.authority().is_none() || uri.query().is_some() {
-            bail!("upstreams[{j}]: {u:?} must be scheme://host:port[/base-path]");
-        }
-        upstreams.push(uri);
-    }
-    let aic = p
-        .aic
-        .as_deref()
-        .map(|a| Aic::parse(a).map_err(|e| anyhow::anyhow!("aic: {a:?}: {e}")))
-        .transpose()?;
-    let mut paths = Method::ALL.map(|m| default_path(m).to_owned());
-    for (name, path) in p.paths {
-        let m =
-            Method::from_name(&name).with_context(|| format!("paths.{name}: not an AIP method"))?;
-        if !path.starts_with('/') {
-            bail!("paths.{name}: {path:?} must start with /");
-        }
-        paths[m.index()] = path;
-    }
-    let tls = match p.tls {
-        None => None,
-        Some(t) => {
-            let client_cert = match (t.cert, t.key) {
-                (Some(c), Some(k)) => Some((resolve(&c), resolve(&k))),
-                (None, None) => None,
-                _ => bail!("tls: cert and key go together"),
-            };
-            Some(PartnerTlsConfig {
-                ca: resolve(&t.ca),
-                client_cert,
-                server_name: t.server_name,
-            })
+/// Relative paths in the file (certificates, keys, CAs, CRLs) resolved against `base`,
+/// the config file's folder.
+fn resolve_paths(raw: &mut RawConfig, base: &Path) {
+    let resolve = |p: &mut PathBuf| {
+        if !p.is_absolute() {
+            *p = base.join(&*p);
         }
     };
-    let access = access_from_raw(&p.access)?;
-    let l = &p.limits;
-    let rates = crate::ratelimit::PartnerRates {
-        total: rate("limits", l.rate, l.burst)?,
-        per_aic: rate("limits.per_aic", l.per_aic_rate, l.per_aic_burst)?,
-    };
-    if l.max_in_flight == Some(0) {
-        bail!("limits.max_in_flight: must be at least 1 (omit it for no limit)");
+    let l = &mut raw.listener;
+    resolve(&mut l.cert);
+    resolve(&mut l.key);
+    l.client_ca
+        .iter_mut()
+        .chain(l.crl.iter_mut())
+        .for_each(resolve);
+    for t in raw.partners.iter_mut().filter_map(|p| p.tls.as_mut()) {
+        resolve(&mut t.ca);
+        t.cert.iter_mut().chain(t.key.iter_mut()).for_each(resolve);
     }
-    Ok(PartnerConfig {
-        access,
-        rates,
-        max_in_flight: l.max_in_flight,
-        aip_version: p.aip_version,
-        http2: p.http2,
-        name: p.name,
-        prefix,
-        hosts: p.hosts.iter().map(|h| h.to_ascii_lowercase()).collect(),
-        upstreams,
-        aic,
-        paths,
-        tls,
-    })
-}
-
-fn normalize_prefix(prefix: &str) -> anyhow::Result<String> {
-    if !prefix.starts_with('/') {
-        bail!("{prefix:?} must start with /");
-    }
-    if prefix.contains(['?', '#', ' ']) || prefix.contains("//") {
-        bail!("{prefix:?} is not a plain path");
-    }
-    let trimmed = prefix.trim_end_matches('/');
-    Ok(if trimmed.is_empty() { "/" } else { trimmed }.to_owned())
 }
 
 #[cfg(test)]
