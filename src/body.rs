@@ -26,6 +26,41 @@ pub fn full(b: Bytes) -> ResponseBody {
         .boxed_unsync()
 }
 
+/// A body that keeps `guard` (permits, counters, an activity mark) alive until the body
+/// ends or is dropped: the one guard-holding body, for the Partner in-flight and stream
+/// permits, the open-stream gauge and a connection's activity.
+pub struct Held<B, G> {
+    body: B,
+    _guard: G,
+}
+
+impl<B, G> Held<B, G> {
+    /// `body`, holding `guard`.
+    pub fn new(body: B, guard: G) -> Held<B, G> {
+        Held {
+            body,
+            _guard: guard,
+        }
+    }
+}
+
+impl<B: Body + Unpin, G: Unpin> Body for Held<B, G> {
+    type Data = B::Data;
+    type Error = B::Error;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// `part` as a `Bytes`: a slice of `body` (a reference count, no copy) when it lies
 /// inside it, as what is parsed by borrowing from the body does; a copy otherwise (an
 /// unescaped string, say).

@@ -239,34 +239,7 @@ where
 
 /// A response body that keeps `guard` alive until the body ends (permits, counters).
 pub(crate) fn hold<G: Send + Unpin + 'static>(body: ResponseBody, guard: G) -> ResponseBody {
-    Held {
-        body,
-        _guard: guard,
-    }
-    .boxed_unsync()
-}
-
-/// A response body holding a guard until it ends.
-struct Held<G> {
-    body: ResponseBody,
-    _guard: G,
-}
-
-impl<G: Send + Unpin + 'static> http_body::Body for Held<G> {
-    type Data = Bytes;
-    type Error = BoxError;
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
-        std::pin::Pin::new(&mut self.body).poll_frame(cx)
-    }
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
-    }
+    crate::body::Held::new(body, guard).boxed_unsync()
 }
 
 #[cfg(test)]

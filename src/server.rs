@@ -12,14 +12,10 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -31,8 +27,7 @@ use tokio_rustls::TlsAcceptor;
 
 use tower::ServiceExt;
 
-use crate::access_log::Logged;
-use crate::body::BoxError;
+use crate::body::Held;
 use crate::gateway::Gateway;
 use crate::layers::{self, ConnInfo, Forward};
 use crate::metrics::ReasonLabels;
@@ -183,10 +178,8 @@ async fn serve_connection(
             let answer = stack.clone().oneshot(req);
             async move {
                 let resp = answer.await?;
-                Ok::<_, Infallible>(resp.map(|body| Active {
-                    body,
-                    _guard: guard,
-                }))
+                // The request counts as active until its response body ends.
+                Ok::<_, Infallible>(resp.map(|body| Held::new(body, guard)))
             }
         })
     };
@@ -299,28 +292,5 @@ impl Drop for ActivityGuard {
         *self.0.last_end.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
         self.0.active.fetch_sub(1, Ordering::AcqRel);
         self.0.changed.notify_waiters();
-    }
-}
-
-/// A response body that holds its request's [`ActivityGuard`] until it ends.
-struct Active {
-    body: Logged,
-    _guard: ActivityGuard,
-}
-
-impl Body for Active {
-    type Data = Bytes;
-    type Error = BoxError;
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
     }
 }
