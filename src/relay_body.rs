@@ -10,6 +10,10 @@
 //!
 //! Event streams are counted on the way through (`events`, for the access log) with the
 //! same rules a client applies, whatever the framing.
+//!
+//! Hand-written rather than tower-http's `ResponseBodyTimeout`: that ends a body with a
+//! bare error, where an event stream needs a last JSON-RPC error event echoing the id, and
+//! the access log needs to know which bound ended it.
 
 use std::future::Future;
 use std::pin::Pin;
