@@ -102,6 +102,11 @@ where
     }))
 }
 
+/// A 2xx JSON or event-stream answer: relayed unread, without judging.
+pub(crate) fn usual<B>(resp: &Response<B>) -> bool {
+    resp.status().is_success() && relayable_type(resp.headers())
+}
+
 /// Judges a Partner's answer (see the module docs). `partner` names it in errors.
 pub async fn vet<B>(
     resp: Response<B>,
@@ -112,7 +117,7 @@ where
     B: Body<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
 {
-    if resp.status().is_success() && relayable_type(resp.headers()) {
+    if usual(&resp) {
         return Ok(resp.map(Either::Left));
     }
     let (parts, mut body) = resp.into_parts();

@@ -26,6 +26,11 @@ use crate::tls::client::{partner_client_config, PartnerAicMismatch};
 
 type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
+/// [`UpstreamPool::request`]'s future.
+pub(crate) type HeadFuture = tokio::time::Timeout<hyper_util::client::legacy::ResponseFuture>;
+/// What it yields.
+pub(crate) type HeadOutcome = <HeadFuture as std::future::Future>::Output;
+
 /// Pooled clients to one Partner.
 pub struct UpstreamPool {
     partner: String,
@@ -111,17 +116,37 @@ impl UpstreamPool {
         &self,
         req: Request<Full<Bytes>>,
     ) -> Result<Response<AnswerBody<Incoming>>, GatewayError> {
-        let resp = match tokio::time::timeout(self.response_timeout, self.client.request(req)).await
-        {
-            Err(_) => {
-                return Err(GatewayError::UpstreamTimeout {
-                    partner: self.partner.clone(),
-                })
-            }
-            Ok(Ok(resp)) => resp,
-            Ok(Err(e)) => return Err(self.classify(&e)),
-        };
+        let resp = self.head(self.request(req).await)?;
         vet(resp, self.answers, &self.partner).await
+    }
+
+    /// The request sent, its response head awaited under `upstream.response_timeout`: a
+    /// named future, so the plain `rpc` path holds it without a box. [`Self::head`] reads
+    /// its outcome.
+    pub(crate) fn request(&self, req: Request<Full<Bytes>>) -> HeadFuture {
+        tokio::time::timeout(self.response_timeout, self.client.request(req))
+    }
+
+    /// What a finished [`Self::request`] became: the response head, or the failure named
+    /// for this Partner.
+    pub(crate) fn head(&self, done: HeadOutcome) -> Result<Response<Incoming>, GatewayError> {
+        match done {
+            Err(_) => Err(GatewayError::UpstreamTimeout {
+                partner: self.partner.clone(),
+            }),
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(e)) => Err(self.classify(&e)),
+        }
+    }
+
+    /// How an unusual answer is read and judged.
+    pub(crate) fn answer_limits(&self) -> AnswerLimits {
+        self.answers
+    }
+
+    /// The Partner's name, for errors.
+    pub(crate) fn partner(&self) -> &str {
+        &self.partner
     }
 
     fn classify(&self, e: &hyper_util::client::legacy::Error) -> GatewayError {

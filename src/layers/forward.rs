@@ -14,6 +14,8 @@ use http::{Request, Response};
 use http_body_util::Full;
 use tower::Service;
 
+use http_body_util::Either;
+
 use super::claim;
 use super::exchange::{missing_step, Exchange, Outcome, Refusal, Reply};
 use super::streams::{self, StreamRequest};
@@ -22,7 +24,10 @@ use crate::error::GatewayError;
 use crate::headers::{gateway_owned, keep_end_to_end, names};
 use crate::identity::PeerIdentity;
 use crate::jsonrpc::{Command, Method};
+use crate::policy::tasks::PendingClaim;
+use crate::ratelimit::concurrency::InFlightPermit;
 use crate::relay_body::{relay_response, SseTail};
+use crate::upstream::HeadFuture;
 
 /// See the module documentation.
 #[derive(Clone, Copy, Debug, Default)]
@@ -31,43 +36,85 @@ pub struct Forward;
 impl Service<Exchange<Bytes>> for Forward {
     type Response = Reply;
     type Error = Refusal;
-    /// Boxed: the Partner call is an `async fn` chain (send, vet, settle, record) whose
-    /// type cannot be named; one allocation per request.
-    type Future = Pin<Box<dyn Future<Output = Outcome> + Send>>;
+    type Future = Forwarding;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Refusal>> {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, mut x: Exchange<Bytes>) -> Self::Future {
-        Box::pin(async move {
-            match forward(&mut x).await {
-                Ok(response) => Ok(x.reply(response)),
-                Err(e) => Err(x.refuse(e)),
+    fn call(&mut self, mut x: Exchange<Bytes>) -> Forwarding {
+        let prepared = match prepare(&mut x) {
+            Ok(p) => p,
+            Err(e) => {
+                return Forwarding::Done {
+                    outcome: Some(Err(x.refuse(e))),
+                }
             }
-        })
+        };
+        let (x, _) = x.replace_body(());
+        if matches!(prepared.work, Work::Plain) {
+            // The usual `rpc`: the client's own response future, held unboxed.
+            Forwarding::Sending {
+                head: prepared.route.partner.pool.request(prepared.upstream),
+                rest: Some(Sending {
+                    x,
+                    route: prepared.route,
+                    in_flight: prepared.in_flight,
+                    started: prepared.started,
+                }),
+            }
+        } else {
+            Forwarding::Boxed {
+                fut: Box::pin(forward_boxed(x, prepared)),
+            }
+        }
     }
 }
 
-async fn forward(x: &mut Exchange<Bytes>) -> Result<Response<ResponseBody>, GatewayError> {
+/// What the Partner call needs, taken from the exchange.
+struct Prepared {
+    caller: Arc<PeerIdentity>,
+    route: crate::routing::Route,
+    upstream: Request<Full<Bytes>>,
+    in_flight: InFlightPermit,
+    started: tokio::time::Instant,
+    work: Work,
+}
+
+/// Which way the call goes.
+enum Work {
+    /// A plain request, answered as the Partner answers.
+    Plain,
+    /// A `start` whose task claim waits for the Partner's answer.
+    Claim(PendingClaim),
+    /// A `stream` request (`layers::streams`).
+    Stream(StreamRequest, Option<PendingClaim>),
+}
+
+/// Takes what the call needs out of the exchange and builds the Partner's request.
+fn prepare(x: &mut Exchange<Bytes>) -> Result<Prepared, GatewayError> {
     let (Some(caller), Some(route), Some(call)) = (x.caller.take(), x.route.take(), x.call.take())
     else {
         return Err(missing_step());
     };
     let in_flight = x.permit.take().ok_or_else(missing_step)?;
-    let snap = x.snap.clone();
-    let cfg = &snap.config;
-    let partner = &route.partner;
-    let stream_req = match (call.has_message, call.method) {
-        (true, Method::Stream) => Some(StreamRequest {
-            command: call.command.unwrap_or(Command::Start),
-            task_id: call.task_id.as_ref().map(|t| t.get(&x.body).to_owned()),
-            session_id: call.session_id.as_ref().map(|t| t.get(&x.body).to_owned()),
-            last_event_seq: call
-                .last_event_seq
-                .or_else(|| streams::last_event_id(&x.head.headers)),
-        }),
-        _ => None,
+    let claim = x.claim.take();
+    let work = match (call.has_message, call.method) {
+        (true, Method::Stream) => {
+            let req = StreamRequest {
+                command: call.command.unwrap_or(Command::Start),
+                task_id: call.task_id.as_ref().map(|t| t.get(&x.body).to_owned()),
+                session_id: call.session_id.as_ref().map(|t| t.get(&x.body).to_owned()),
+                last_event_seq: call
+                    .last_event_seq
+                    .or_else(|| streams::last_event_id(&x.head.headers)),
+            };
+            Work::Stream(req, claim)
+        }
+        _ => match claim {
+            Some(claim) => Work::Claim(claim),
+            None => Work::Plain,
+        },
     };
     let mut headers = upstream_headers(
         std::mem::take(&mut x.head.headers),
@@ -77,45 +124,167 @@ async fn forward(x: &mut Exchange<Bytes>) -> Result<Response<ResponseBody>, Gate
     if let Some(trace) = &x.log.trace {
         trace.apply(&mut headers);
     }
-    let body = std::mem::take(&mut x.body);
-    let upstream = upstream_request(
-        body,
-        partner.pool.target(partner.path_for(call.method)),
-        headers,
+    let partner = &route.partner;
+    let target = partner.pool.target(partner.path_for(call.method));
+    let upstream = upstream_request(std::mem::take(&mut x.body), target, headers);
+    Ok(Prepared {
+        caller,
+        route,
+        upstream,
+        in_flight,
+        started: tokio::time::Instant::now(),
+        work,
+    })
+}
+
+/// A plain request's state while its response head is awaited.
+pub struct Sending {
+    x: Exchange<()>,
+    route: crate::routing::Route,
+    in_flight: InFlightPermit,
+    started: tokio::time::Instant,
+}
+
+pin_project_lite::pin_project! {
+    #[allow(missing_docs)] // pin-project-lite takes no field docs; the variants say it
+    /// `Forward`'s future: a plain request's response head awaited unboxed; the rest (a
+    /// stream, a `start` whose claim waits for the answer, an unusual answer to judge)
+    /// boxed.
+    #[project = ForwardingProj]
+    pub enum Forwarding {
+        /// Waiting for the Partner's response head.
+        Sending { #[pin] head: HeadFuture, rest: Option<Sending> },
+        /// The other paths.
+        Boxed { fut: Pin<Box<dyn Future<Output = Outcome> + Send>> },
+        /// Refused before anything was sent.
+        Done { outcome: Option<Outcome> },
+    }
+}
+
+impl Future for Forwarding {
+    type Output = Outcome;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
+        let boxed = match self.as_mut().project() {
+            ForwardingProj::Boxed { fut } => return fut.as_mut().poll(cx),
+            ForwardingProj::Done { outcome } => {
+                return outcome.take().map_or(Poll::Pending, Poll::Ready)
+            }
+            ForwardingProj::Sending { head, rest } => {
+                let done = std::task::ready!(head.poll(cx));
+                let Some(Sending {
+                    mut x,
+                    route,
+                    in_flight,
+                    started,
+                }) = rest.take()
+                else {
+                    return Poll::Pending; // polled after completion
+                };
+                let pool = &route.partner.pool;
+                let resp = match pool.head(done) {
+                    Ok(resp) => resp,
+                    Err(e) => return Poll::Ready(Err(x.refuse(e))),
+                };
+                x.log.upstream = Some(started.elapsed());
+                if !crate::answer::usual(&resp) {
+                    // Read and judged before it is relayed.
+                    Box::pin(relay_unusual(x, resp, route, in_flight))
+                } else {
+                    let resp = resp.map(Either::Left::<_, Full<Bytes>>);
+                    let response = relay(&mut x, resp, in_flight);
+                    return Poll::Ready(Ok(x.reply(response)));
+                }
+            }
+        };
+        self.set(Forwarding::Boxed { fut: boxed });
+        self.project_boxed_poll(cx)
+    }
+}
+
+impl Forwarding {
+    fn project_boxed_poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
+        match self.project() {
+            ForwardingProj::Boxed { fut } => fut.as_mut().poll(cx),
+            _ => Poll::Pending,
+        }
+    }
+}
+
+/// The answer relayed back under the idle bound, the in-flight permit held by its body.
+fn relay<B>(
+    x: &mut Exchange<()>,
+    resp: Response<B>,
+    in_flight: InFlightPermit,
+) -> Response<ResponseBody>
+where
+    B: http_body::Body<Data = Bytes> + Unpin + Send + 'static,
+    B::Error: Into<crate::body::BoxError>,
+{
+    let cfg = &x.state.snap.config;
+    let (idle, on_failure) = (
+        cfg.upstream.body_idle_timeout,
+        cfg.stream.on_upstream_failure,
     );
-    let started = tokio::time::Instant::now();
-    let idle = cfg.upstream.body_idle_timeout;
-    let claim = x.claim.take();
-    let (log, id) = (&mut x.state.log, &x.state.id);
-    let resp = match stream_req {
-        Some(stream_req) => {
+    let state = &mut *x.state;
+    let tail = || SseTail {
+        tally: state.log.stream.insert(Arc::default()).clone(),
+        id: state.id.clone(),
+        on_failure,
+    };
+    relay_response(resp, idle, tail, in_flight)
+}
+
+/// An unusual answer (not 2xx JSON or an event stream): read and judged, then relayed.
+async fn relay_unusual(
+    mut x: Exchange<()>,
+    resp: Response<hyper::body::Incoming>,
+    route: crate::routing::Route,
+    in_flight: InFlightPermit,
+) -> Outcome {
+    let pool = &route.partner.pool;
+    match crate::answer::vet(resp, pool.answer_limits(), pool.partner()).await {
+        Ok(resp) => {
+            let response = relay(&mut x, resp, in_flight);
+            Ok(x.reply(response))
+        }
+        Err(e) => Err(x.refuse(e)),
+    }
+}
+
+/// The boxed paths: a `stream`, or a `start` whose claim waits for the answer.
+async fn forward_boxed(mut x: Exchange<()>, p: Prepared) -> Outcome {
+    let partner = &p.route.partner;
+    let snap = x.snap.clone();
+    let result = match p.work {
+        Work::Stream(req, claim) => {
             let work = streams::Work {
-                in_flight,
+                in_flight: p.in_flight,
                 claim,
-                tally: log.stream.insert(Arc::default()).clone(),
+                tally: x.log.stream.insert(Arc::default()).clone(),
             };
             let id = x.id.clone();
-            streams::handle(&snap, partner, &caller, stream_req, id, upstream, work).await?
+            streams::handle(&snap, partner, &p.caller, req, id, p.upstream, work).await
         }
-        None => {
-            let resp = partner.pool.send(upstream).await?;
-            let tail = || SseTail {
-                tally: log.stream.insert(Arc::default()).clone(),
-                id: id.clone(),
-                on_failure: cfg.stream.on_upstream_failure,
-            };
-            match claim {
-                Some(claim) => {
-                    let resp = claim::settle(resp, claim, cfg, &partner.config.name).await?;
-                    relay_response(resp, idle, tail, in_flight)
+        Work::Claim(claim) => match partner.pool.send(p.upstream).await {
+            Ok(resp) => {
+                match claim::settle(resp, claim, &snap.config, &partner.config.name).await {
+                    Ok(resp) => Ok(relay(&mut x, resp, p.in_flight)),
+                    Err(e) => Err(e),
                 }
-                // The usual path: hyper's body itself, wrapped once.
-                None => relay_response(resp, idle, tail, in_flight),
             }
-        }
+            Err(e) => Err(e),
+        },
+        Work::Plain => match partner.pool.send(p.upstream).await {
+            Ok(resp) => Ok(relay(&mut x, resp, p.in_flight)),
+            Err(e) => Err(e),
+        },
     };
-    x.log.upstream = Some(started.elapsed());
-    Ok(resp)
+    x.log.upstream = Some(p.started.elapsed());
+    match result {
+        Ok(response) => Ok(x.reply(response)),
+        Err(e) => Err(x.refuse(e)),
+    }
 }
 
 /// The request to the Partner. Its body is the client's body `Bytes` itself (a reference

@@ -20,7 +20,8 @@
 //!
 //! Each step is a tower [`Layer`](tower::Layer) over [`Exchange`]: the request and the
 //! facts earlier steps found, passed in fields (not extensions: no allocation). A step
-//! either hands the exchange on (its future is the next step's future, unboxed) or
+//! either hands the exchange on (its future is the next step's future, unboxed; a plain
+//! request's whole path allocates only the exchange's state) or
 //! refuses it with a [`Refusal`]; nothing but `Respond` turns a refusal into a response.
 //!
 //! ## Embedding
