@@ -5,60 +5,30 @@
 //! by `limits.max_body_bytes`) only to echo its id, and is counted against the Partner
 //! the path names.
 
-use std::task::{Context, Poll};
-
-use bytes::Bytes;
-use http_body::Body;
-use tower::{Layer, Service};
-
-use super::exchange::{Exchange, Outcome, Refusal, Reply};
-use super::step::Step;
+use super::check::{Check, CheckLayer, Checked, Refuse};
+use super::exchange::Exchange;
 use crate::error::GatewayError;
 use crate::identity::verdict::unix_now;
 use crate::identity::ConnAuth;
 
-/// See the module documentation.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct AuthenticateLayer;
+/// The step (see the module documentation).
+pub enum AuthenticateStep {}
 
-impl<S> Layer<S> for AuthenticateLayer {
-    type Service = Authenticate<S>;
-    fn layer(&self, inner: S) -> Authenticate<S> {
-        Authenticate { inner }
-    }
-}
+/// The `Authenticate` layer.
+pub type AuthenticateLayer = CheckLayer<AuthenticateStep>;
+/// The `Authenticate` service.
+pub type Authenticate<S> = Checked<AuthenticateStep, S>;
 
-/// See the module documentation.
-#[derive(Clone, Debug)]
-pub struct Authenticate<S> {
-    inner: S,
-}
-
-impl<S, B> Service<Exchange<B>> for Authenticate<S>
-where
-    S: Service<Exchange<B>, Response = Reply, Error = Refusal>,
-    S::Future: std::future::Future<Output = Outcome>,
-    B: Body<Data = Bytes> + Unpin + Send + 'static,
-{
-    type Response = Reply;
-    type Error = Refusal;
-    type Future = Step<S::Future>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Refusal>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut x: Exchange<B>) -> Self::Future {
+impl<B> Check<B> for AuthenticateStep {
+    fn check(x: &mut Exchange<B>) -> Result<(), Refuse> {
         let verdict = x.conn.identity.verdict(&x.snap.tls.trust, unix_now());
-        let refusal = match verdict {
+        let error = match verdict {
             ConnAuth::Verified(caller) => {
                 x.log.aic = Some(caller.aic);
                 match x.snap.config.policy.check_blocked(&caller.aic) {
                     Ok(()) => {
                         x.caller = Some(caller);
-                        return Step::Next {
-                            next: self.inner.call(x),
-                        };
+                        return Ok(());
                     }
                     Err(e) => e,
                 }
@@ -68,8 +38,11 @@ where
         };
         // Counted against the Partner the path names, without telling the caller
         // whether there is one.
-        x.log.partner = super::route::lookup(&x).map(|r| r.partner.label.clone());
-        let limit = x.snap.config.max_body_bytes;
-        Step::refused_reading_id(x, refusal, limit, false)
+        x.log.partner = super::route::lookup(x).map(|r| r.partner.label.clone());
+        Err(Refuse::ReadingId {
+            error,
+            limit: x.snap.config.max_body_bytes,
+            declared_only: false,
+        })
     }
 }

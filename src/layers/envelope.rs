@@ -3,55 +3,28 @@
 //! method must match the body's, and a Partner pinned to one AIP generation gets only
 //! that generation's shape. What later steps need is kept as a [`Call`].
 
-use std::task::{Context, Poll};
-
 use bytes::Bytes;
-use tower::{Layer, Service};
 
-use super::exchange::{missing_step, Call, Exchange, Refusal, Reply};
-use super::step::{id_of_parsed, Step};
+use super::check::{Check, CheckLayer, Checked, Refuse};
+use super::exchange::{missing_step, Call, Exchange};
+use super::step::id_of_parsed;
 use crate::access_log::LogText;
 use crate::config::AipVersion;
 use crate::error::GatewayError;
 use crate::jsonrpc::envelope::{EnvelopeError, Shape};
 use crate::jsonrpc::{self, Method};
 
-/// See the module documentation.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct EnvelopeLayer;
+/// The step (see the module documentation).
+pub enum EnvelopeStep {}
 
-impl<S> Layer<S> for EnvelopeLayer {
-    type Service = Envelope<S>;
-    fn layer(&self, inner: S) -> Envelope<S> {
-        Envelope { inner }
-    }
-}
+/// The `Envelope` layer.
+pub type EnvelopeLayer = CheckLayer<EnvelopeStep>;
+/// The `Envelope` service.
+pub type Envelope<S> = Checked<EnvelopeStep, S>;
 
-/// See the module documentation.
-#[derive(Clone, Debug)]
-pub struct Envelope<S> {
-    inner: S,
-}
-
-impl<S> Service<Exchange<Bytes>> for Envelope<S>
-where
-    S: Service<Exchange<Bytes>, Response = Reply, Error = Refusal>,
-{
-    type Response = Reply;
-    type Error = Refusal;
-    type Future = Step<S::Future>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Refusal>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut x: Exchange<Bytes>) -> Self::Future {
-        match read(&mut x) {
-            Ok(()) => Step::Next {
-                next: self.inner.call(x),
-            },
-            Err(e) => Step::refused(x.refuse(e)),
-        }
+impl Check<Bytes> for EnvelopeStep {
+    fn check(x: &mut Exchange<Bytes>) -> Result<(), Refuse> {
+        Ok(read(x)?)
     }
 }
 

@@ -19,7 +19,9 @@
 //! ```
 //!
 //! Each step is a tower [`Layer`](tower::Layer) over [`Exchange`]: the request and the
-//! facts earlier steps found, passed in fields (not extensions: no allocation). A step
+//! facts earlier steps found, passed in fields (not extensions: no allocation). The steps
+//! that judge without waiting are each a [`Check`] behind the one generic [`CheckLayer`];
+//! `ReadBody`, `CatchPanic`, `Respond` and `Forward` have futures of their own. A step
 //! either hands the exchange on (its future is the next step's future, unboxed; a plain
 //! request's whole path allocates only the exchange's state) or
 //! refuses it with a [`Refusal`]; nothing but `Respond` turns a refusal into a response.
@@ -34,6 +36,7 @@
 
 mod authenticate;
 mod catch_panic;
+mod check;
 mod claim;
 mod envelope;
 mod exchange;
@@ -55,20 +58,21 @@ use http::header::{self, HeaderName};
 use tower::ServiceBuilder;
 use tower_http::sensitive_headers::{SetSensitiveRequestHeaders, SetSensitiveRequestHeadersLayer};
 
-pub use authenticate::{Authenticate, AuthenticateLayer};
+pub use authenticate::{Authenticate, AuthenticateLayer, AuthenticateStep};
 pub use catch_panic::{CatchPanic, CatchPanicLayer};
-pub use envelope::{Envelope, EnvelopeLayer};
+pub use check::{refuse_stream, Check, CheckLayer, Checked, RefusalBody, Refuse};
+pub use envelope::{Envelope, EnvelopeLayer, EnvelopeStep};
 pub use exchange::{missing_step, Call, ConnInfo, Exchange, Outcome, Refusal, Reply, State, Text};
 pub use forward::{upstream_headers, upstream_request, Forward};
 pub use handoff::{Caller, Handoff};
-pub use permit::{Permit, PermitLayer};
-pub use policy::{Policy, PolicyLayer};
-pub use quota::{Quota, QuotaLayer};
+pub use permit::{Permit, PermitLayer, PermitStep};
+pub use policy::{Policy, PolicyLayer, PolicyStep};
+pub use quota::{Quota, QuotaLayer, QuotaStep};
 pub use read_body::{ReadBody, ReadBodyLayer};
 pub use respond::{Respond, RespondLayer};
-pub use route::{Route, RouteLayer};
+pub use route::{Route, RouteLayer, RouteStep};
 pub use step::Step;
-pub use trace::{Trace, TraceLayer};
+pub use trace::{Trace, TraceLayer, TraceStep};
 
 use crate::gateway::Gateway;
 
@@ -95,14 +99,14 @@ pub fn stack<S>(gateway: Arc<Gateway>, conn: Arc<ConnInfo>, last: S) -> Stack<S>
     ServiceBuilder::new()
         .layer(SetSensitiveRequestHeadersLayer::from_shared(sensitive()))
         .layer(RespondLayer::new(gateway, conn))
-        .layer(TraceLayer)
-        .layer(AuthenticateLayer)
-        .layer(RouteLayer)
-        .layer(QuotaLayer)
+        .layer(TraceLayer::new())
+        .layer(AuthenticateLayer::new())
+        .layer(RouteLayer::new())
+        .layer(QuotaLayer::new())
         .layer(ReadBodyLayer)
-        .layer(EnvelopeLayer)
+        .layer(EnvelopeLayer::new())
         .layer(CatchPanicLayer)
-        .layer(PolicyLayer)
-        .layer(PermitLayer)
+        .layer(PolicyLayer::new())
+        .layer(PermitLayer::new())
         .service(last)
 }

@@ -3,54 +3,26 @@
 //! rules, and task ownership: a `start` claims its task provisionally (kept only if the
 //! Partner accepts it), other commands must come from the task's owner.
 
-use std::task::{Context, Poll};
-
 use bytes::Bytes;
-use tower::{Layer, Service};
 
-use super::exchange::{missing_step, Exchange, Refusal, Reply, Text};
-use super::step::Step;
+use super::check::{Check, CheckLayer, Checked, Refuse};
+use super::exchange::{missing_step, Exchange, Text};
 use crate::error::GatewayError;
 use crate::identity::Aic;
 use crate::jsonrpc::envelope::EnvelopeError;
 use crate::policy::tasks::check_task;
 
-/// See the module documentation.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct PolicyLayer;
+/// The step (see the module documentation).
+pub enum PolicyStep {}
 
-impl<S> Layer<S> for PolicyLayer {
-    type Service = Policy<S>;
-    fn layer(&self, inner: S) -> Policy<S> {
-        Policy { inner }
-    }
-}
+/// The `Policy` layer.
+pub type PolicyLayer = CheckLayer<PolicyStep>;
+/// The `Policy` service.
+pub type Policy<S> = Checked<PolicyStep, S>;
 
-/// See the module documentation.
-#[derive(Clone, Debug)]
-pub struct Policy<S> {
-    inner: S,
-}
-
-impl<S> Service<Exchange<Bytes>> for Policy<S>
-where
-    S: Service<Exchange<Bytes>, Response = Reply, Error = Refusal>,
-{
-    type Response = Reply;
-    type Error = Refusal;
-    type Future = Step<S::Future>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Refusal>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut x: Exchange<Bytes>) -> Self::Future {
-        match check(&mut x) {
-            Ok(()) => Step::Next {
-                next: self.inner.call(x),
-            },
-            Err(e) => Step::refused(x.refuse(e)),
-        }
+impl Check<Bytes> for PolicyStep {
+    fn check(x: &mut Exchange<Bytes>) -> Result<(), Refuse> {
+        Ok(check(x)?)
     }
 }
 
