@@ -66,11 +66,8 @@ pub async fn serve<H, RB>(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()>
 where
-    H: tower::Service<Request<Bytes>, Response = Response<RB>> + Clone + Send + Sync + 'static,
-    H::Future: Send,
-    H::Error: Into<aipgw::body::BoxError>,
-    RB: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
-    RB::Error: Into<aipgw::body::BoxError> + std::fmt::Display,
+    H: aipgw::layers::Handler<Response = Response<RB>>,
+    RB: aipgw::layers::HandlerBody,
 {
     tokio::pin!(shutdown);
     loop {

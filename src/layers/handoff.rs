@@ -28,6 +28,32 @@ use crate::relay_body::hold;
 #[derive(Clone, Debug)]
 pub struct Caller(pub Arc<PeerIdentity>);
 
+/// A Partner's handler: any tower service answering the checked request with a
+/// `Response<impl HandlerBody>` (the bounds `Handoff` needs, named once).
+pub trait Handler:
+    Service<Request<Bytes>, Error: Into<BoxError>, Future: Send> + Clone + Send + Sync + 'static
+{
+}
+
+impl<H> Handler for H where
+    H: Service<Request<Bytes>, Error: Into<BoxError>, Future: Send> + Clone + Send + Sync + 'static
+{
+}
+
+/// The body of a handler's answer.
+pub trait HandlerBody:
+    http_body::Body<Data = Bytes, Error: Into<BoxError> + std::fmt::Display> + Send + Unpin + 'static
+{
+}
+
+impl<RB> HandlerBody for RB where
+    RB: http_body::Body<Data = Bytes, Error: Into<BoxError> + std::fmt::Display>
+        + Send
+        + Unpin
+        + 'static
+{
+}
+
 /// See the module documentation.
 #[derive(Clone, Debug)]
 pub struct Handoff<H> {
@@ -43,11 +69,8 @@ impl<H> Handoff<H> {
 
 impl<H, RB> Service<Exchange<Bytes>> for Handoff<H>
 where
-    H: Service<Request<Bytes>, Response = Response<RB>> + Clone + Send + 'static,
-    H::Future: Send,
-    H::Error: Into<BoxError>,
-    RB: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
-    RB::Error: Into<BoxError> + std::fmt::Display,
+    H: Handler<Response = Response<RB>>,
+    RB: HandlerBody,
 {
     type Response = Reply;
     type Error = Refusal;
@@ -80,10 +103,8 @@ async fn hand_off<H, RB>(
     x: &mut Exchange<Bytes>,
 ) -> Result<Response<ResponseBody>, GatewayError>
 where
-    H: Service<Request<Bytes>, Response = Response<RB>>,
-    H::Error: Into<BoxError>,
-    RB: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
-    RB::Error: Into<BoxError> + std::fmt::Display,
+    H: Handler<Response = Response<RB>>,
+    RB: HandlerBody,
 {
     let caller = x.caller.clone().ok_or_else(missing_step)?;
     let route = x.route.as_ref().ok_or_else(missing_step)?;

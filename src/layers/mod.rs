@@ -64,7 +64,7 @@ pub use check::{refuse_stream, Check, CheckLayer, Checked, RefusalBody, Refuse};
 pub use envelope::{Envelope, EnvelopeLayer, EnvelopeStep};
 pub use exchange::{missing_step, Call, ConnInfo, Exchange, Outcome, Refusal, Reply, State, Text};
 pub use forward::{upstream_headers, upstream_request, Forward};
-pub use handoff::{Caller, Handoff};
+pub use handoff::{Caller, Handler, HandlerBody, Handoff};
 pub use permit::{Permit, PermitLayer, PermitStep};
 pub use policy::{Policy, PolicyLayer, PolicyStep};
 pub use quota::{Quota, QuotaLayer, QuotaStep};

@@ -24,11 +24,8 @@ struct Embedded {
 
 async fn start<H, RB>(pki: &Pki, extra: &str, handler: H) -> Embedded
 where
-    H: tower::Service<Request<Bytes>, Response = Response<RB>> + Clone + Send + Sync + 'static,
-    H::Future: Send,
-    H::Error: Into<aipgw::body::BoxError>,
-    RB: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
-    RB::Error: Into<aipgw::body::BoxError> + std::fmt::Display,
+    H: aipgw::layers::Handler<Response = Response<RB>>,
+    RB: aipgw::layers::HandlerBody,
 {
     let text = pki.config(
         "",
