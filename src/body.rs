@@ -61,15 +61,20 @@ impl<B: Body + Unpin, G: Unpin> Body for Held<B, G> {
     }
 }
 
+/// Where `part` lies inside `whole` (it was parsed by borrowing from it), if it does.
+pub fn position_in(whole: &[u8], part: &[u8]) -> Option<std::ops::Range<usize>> {
+    let (base, at) = (whole.as_ptr() as usize, part.as_ptr() as usize);
+    let start = at.checked_sub(base)?;
+    (start + part.len() <= whole.len()).then_some(start..start + part.len())
+}
+
 /// `part` as a `Bytes`: a slice of `body` (a reference count, no copy) when it lies
 /// inside it, as what is parsed by borrowing from the body does; a copy otherwise (an
 /// unescaped string, say).
 pub fn share_or_copy(body: &Bytes, part: &[u8]) -> Bytes {
-    let (base, at) = (body.as_ptr() as usize, part.as_ptr() as usize);
-    if at >= base && at + part.len() <= base + body.len() {
-        body.slice_ref(part)
-    } else {
-        Bytes::copy_from_slice(part)
+    match position_in(body, part) {
+        Some(range) => body.slice(range),
+        None => Bytes::copy_from_slice(part),
     }
 }
 

@@ -275,14 +275,12 @@ pub enum Text {
 impl Text {
     /// `text` as found in `body` (borrowed from it, or unescaped).
     pub fn of(body: &[u8], text: &str) -> Text {
-        let (base, at) = (body.as_ptr() as usize, text.as_ptr() as usize);
-        if at >= base && at + text.len() <= base + body.len() {
-            let start = at - base;
-            if let (Ok(s), Ok(e)) = (u32::try_from(start), u32::try_from(start + text.len())) {
-                return Text::At(s, e);
-            }
+        let at = crate::body::position_in(body, text.as_bytes())
+            .and_then(|r| Some((u32::try_from(r.start).ok()?, u32::try_from(r.end).ok()?)));
+        match at {
+            Some((start, end)) => Text::At(start, end),
+            None => Text::Owned(text.into()),
         }
-        Text::Owned(text.into())
     }
 
     /// The text, read from the body it was found in.

@@ -17,7 +17,7 @@ use tower::Service;
 use http_body_util::Either;
 
 use super::claim;
-use super::exchange::{missing_step, Exchange, Outcome, Refusal, Reply};
+use super::exchange::{missing_step, Exchange, Outcome, Refusal, Reply, State};
 use super::streams::{self, StreamRequest};
 use crate::body::ResponseBody;
 use crate::error::GatewayError;
@@ -43,7 +43,7 @@ impl Service<Exchange<Bytes>> for Forward {
     }
 
     fn call(&mut self, mut x: Exchange<Bytes>) -> Forwarding {
-        let prepared = match prepare(&mut x) {
+        let mut prepared = match prepare(&mut x) {
             Ok(p) => p,
             Err(e) => {
                 return Forwarding::Done {
@@ -52,7 +52,11 @@ impl Service<Exchange<Bytes>> for Forward {
             }
         };
         let (x, _) = x.replace_body(());
-        if matches!(prepared.work, Work::Plain) {
+        if let Some(work) = prepared.work.take() {
+            Forwarding::Boxed {
+                fut: Box::pin(forward_boxed(x, prepared, work)),
+            }
+        } else {
             // The usual `rpc`: the client's own response future, held unboxed.
             Forwarding::Sending {
                 head: prepared.route.partner.pool.request(prepared.upstream),
@@ -62,10 +66,6 @@ impl Service<Exchange<Bytes>> for Forward {
                     in_flight: prepared.in_flight,
                     started: prepared.started,
                 }),
-            }
-        } else {
-            Forwarding::Boxed {
-                fut: Box::pin(forward_boxed(x, prepared)),
             }
         }
     }
@@ -78,13 +78,12 @@ struct Prepared {
     upstream: Request<Full<Bytes>>,
     in_flight: InFlightPermit,
     started: tokio::time::Instant,
-    work: Work,
+    /// `None` for a plain request.
+    work: Option<Work>,
 }
 
-/// Which way the call goes.
+/// A call that cannot go the plain way.
 enum Work {
-    /// A plain request, answered as the Partner answers.
-    Plain,
     /// A `start` whose task claim waits for the Partner's answer.
     Claim(PendingClaim),
     /// A `stream` request (`layers::streams`).
@@ -109,21 +108,11 @@ fn prepare(x: &mut Exchange<Bytes>) -> Result<Prepared, GatewayError> {
                     .last_event_seq
                     .or_else(|| streams::last_event_id(&x.head.headers)),
             };
-            Work::Stream(req, claim)
+            Some(Work::Stream(req, claim))
         }
-        _ => match claim {
-            Some(claim) => Work::Claim(claim),
-            None => Work::Plain,
-        },
+        _ => claim.map(Work::Claim),
     };
-    let mut headers = upstream_headers(
-        std::mem::take(&mut x.head.headers),
-        &caller,
-        &x.conn.forwarded,
-    );
-    if let Some(trace) = &x.log.trace {
-        trace.apply(&mut headers);
-    }
+    let headers = x.partner_headers(&caller);
     let partner = &route.partner;
     let target = partner.pool.target(partner.path_for(call.method));
     let upstream = upstream_request(std::mem::take(&mut x.body), target, headers);
@@ -165,48 +154,38 @@ impl Future for Forwarding {
     type Output = Outcome;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
-        let boxed = match self.as_mut().project() {
-            ForwardingProj::Boxed { fut } => return fut.as_mut().poll(cx),
-            ForwardingProj::Done { outcome } => {
-                return outcome.take().map_or(Poll::Pending, Poll::Ready)
-            }
-            ForwardingProj::Sending { head, rest } => {
-                let done = std::task::ready!(head.poll(cx));
-                let Some(Sending {
-                    mut x,
-                    route,
-                    in_flight,
-                    started,
-                }) = rest.take()
-                else {
-                    return Poll::Pending; // polled after completion
-                };
-                let pool = &route.partner.pool;
-                let resp = match pool.head(done) {
-                    Ok(resp) => resp,
-                    Err(e) => return Poll::Ready(Err(x.refuse(e))),
-                };
-                x.log.upstream = Some(started.elapsed());
-                if !crate::answer::usual(&resp) {
+        loop {
+            let boxed = match self.as_mut().project() {
+                ForwardingProj::Boxed { fut } => return fut.as_mut().poll(cx),
+                ForwardingProj::Done { outcome } => {
+                    return outcome.take().map_or(Poll::Pending, Poll::Ready)
+                }
+                ForwardingProj::Sending { head, rest } => {
+                    let done = std::task::ready!(head.poll(cx));
+                    let Some(Sending {
+                        mut x,
+                        route,
+                        in_flight,
+                        started,
+                    }) = rest.take()
+                    else {
+                        return Poll::Pending; // polled after completion
+                    };
+                    let resp = match route.partner.pool.head(done) {
+                        Ok(resp) => resp,
+                        Err(e) => return Poll::Ready(Err(x.refuse(e))),
+                    };
+                    x.log.upstream = Some(started.elapsed());
+                    if crate::answer::usual(&resp) {
+                        let resp = resp.map(Either::Left::<_, Full<Bytes>>);
+                        let response = relay(&mut x, resp, in_flight);
+                        return Poll::Ready(Ok(x.reply(response)));
+                    }
                     // Read and judged before it is relayed.
                     Box::pin(relay_unusual(x, resp, route, in_flight))
-                } else {
-                    let resp = resp.map(Either::Left::<_, Full<Bytes>>);
-                    let response = relay(&mut x, resp, in_flight);
-                    return Poll::Ready(Ok(x.reply(response)));
                 }
-            }
-        };
-        self.set(Forwarding::Boxed { fut: boxed });
-        self.project_boxed_poll(cx)
-    }
-}
-
-impl Forwarding {
-    fn project_boxed_poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
-        match self.project() {
-            ForwardingProj::Boxed { fut } => fut.as_mut().poll(cx),
-            _ => Poll::Pending,
+            };
+            self.set(Forwarding::Boxed { fut: boxed });
         }
     }
 }
@@ -253,10 +232,10 @@ async fn relay_unusual(
 }
 
 /// The boxed paths: a `stream`, or a `start` whose claim waits for the answer.
-async fn forward_boxed(mut x: Exchange<()>, p: Prepared) -> Outcome {
+async fn forward_boxed(mut x: Exchange<()>, p: Prepared, work: Work) -> Outcome {
     let partner = &p.route.partner;
     let snap = x.snap.clone();
-    let result = match p.work {
+    let result = match work {
         Work::Stream(req, claim) => {
             let work = streams::Work {
                 in_flight: p.in_flight,
@@ -275,15 +254,24 @@ async fn forward_boxed(mut x: Exchange<()>, p: Prepared) -> Outcome {
             }
             Err(e) => Err(e),
         },
-        Work::Plain => match partner.pool.send(p.upstream).await {
-            Ok(resp) => Ok(relay(&mut x, resp, p.in_flight)),
-            Err(e) => Err(e),
-        },
     };
     x.log.upstream = Some(p.started.elapsed());
     match result {
         Ok(response) => Ok(x.reply(response)),
         Err(e) => Err(x.refuse(e)),
+    }
+}
+
+impl State {
+    /// The request's headers as the Partner gets them (taken from the request): see
+    /// [`upstream_headers`], plus the trace context.
+    pub(super) fn partner_headers(&mut self, caller: &PeerIdentity) -> HeaderMap {
+        let headers = std::mem::take(&mut self.head.headers);
+        let mut headers = upstream_headers(headers, caller, &self.conn.forwarded);
+        if let Some(trace) = &self.log.trace {
+            trace.apply(&mut headers);
+        }
+        headers
     }
 }
 

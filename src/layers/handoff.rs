@@ -18,7 +18,6 @@ use tower::Service;
 
 use super::claim;
 use super::exchange::{missing_step, Exchange, Outcome, Refusal, Reply};
-use super::forward::upstream_headers;
 use crate::body::{BoxError, ResponseBody};
 use crate::error::GatewayError;
 use crate::identity::PeerIdentity;
@@ -110,14 +109,7 @@ where
     let route = x.route.as_ref().ok_or_else(missing_step)?;
     let partner = route.partner.config.name.clone();
     let permit = x.permit.take().ok_or_else(missing_step)?;
-    let mut headers = upstream_headers(
-        std::mem::take(&mut x.head.headers),
-        &caller,
-        &x.conn.forwarded,
-    );
-    if let Some(trace) = &x.log.trace {
-        trace.apply(&mut headers);
-    }
+    let headers = x.partner_headers(&caller);
     let mut req = Request::new(std::mem::take(&mut x.body));
     *req.method_mut() = x.head.method.clone();
     *req.uri_mut() = x.head.uri.clone();

@@ -18,7 +18,7 @@ use tower::{Layer, Service};
 use super::exchange::{ConnInfo, Exchange, Outcome, Refusal, Reply};
 use crate::access_log::{AccessLog, Logged};
 use crate::body::full;
-use crate::gateway::{Gateway, Snapshot};
+use crate::gateway::Gateway;
 use crate::relay_body::is_event_stream;
 
 /// Makes [`Respond`] for one connection.
@@ -72,12 +72,9 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let started = Instant::now();
-        let snap = self.gateway.snapshot();
-        let x = Exchange::new(req, self.conn.clone(), snap.clone());
+        let x = Exchange::new(req, self.conn.clone(), self.gateway.snapshot());
         Responding {
             next: self.inner.call(x),
-            snap,
-            conn: self.conn.clone(),
             started,
         }
     }
@@ -88,8 +85,6 @@ pin_project_lite::pin_project! {
     pub struct Responding<F> {
         #[pin]
         next: F,
-        snap: Arc<Snapshot>,
-        conn: Arc<ConnInfo>,
         started: Instant,
     }
 }
@@ -100,12 +95,12 @@ impl<F: Future<Output = Outcome>> Future for Responding<F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let outcome = std::task::ready!(this.next.poll(cx));
-        let snap = &*this.snap;
+        // The snapshot and connection the request came with travel back in its state.
         let (response, state) = match outcome {
             Ok(Reply { response, state }) => (response, state),
             Err(Refusal { error, mut state }) => {
-                let log = &mut state.log;
-                tracing::debug!(peer = %this.conn.peer, reason = error.reason(), %error, "request refused");
+                let (snap, log) = (&state.snap, &mut state.log);
+                tracing::debug!(peer = %state.conn.peer, reason = error.reason(), %error, "request refused");
                 let (_, code, reason) = error.classify();
                 log.code = Some(code);
                 log.reason = Some(reason);
@@ -114,13 +109,15 @@ impl<F: Future<Output = Outcome>> Future for Responding<F> {
                 (error.into_response(&state.id, mode).map(full), state)
             }
         };
-        let log = state.log;
+        let super::exchange::State {
+            log, snap, conn, ..
+        } = *state;
         let status = response.status().as_u16();
         // Only a request that made a stream tally can have an event stream.
         let streamed = log.stream.is_some() && is_event_stream(response.headers());
         let access = AccessLog {
             log,
-            peer: this.conn.peer,
+            peer: conn.peer,
             metrics: snap.metrics.clone(),
             started: *this.started,
             status,
