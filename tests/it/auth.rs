@@ -244,3 +244,39 @@ async fn tls_session_cache_zero_turns_resumption_off() {
         assert_eq!(send_on(&mut second, "/p/rpc", &body).await.status, 200);
     }
 }
+
+/// Without a verified certificate, nothing else about the request is judged or told: not
+/// its HTTP method, its path or its body. Each gets -32008 (the id echoed when the body
+/// has one), and nothing reaches the Partner.
+#[tokio::test]
+async fn a_caller_without_a_certificate_learns_nothing_else_about_its_request() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let pki = Pki::new();
+    let partner = TestPartner::start(Behaviour::Echo).await;
+    let gw = start_gateway(&pki.config("", &partner_block("p", "/p", &partner.url(), ""))).await;
+    let anonymous = Leader::new(&pki, None, false);
+    // An unknown path, and a body that is not an envelope but still carries its id.
+    for (path, body) in [
+        ("/nowhere/rpc", rpc_start("\"a-1\"", LEADER_A, "t")),
+        ("/p/rpc", r#"{"id":"a-1","jsonrpc":"1.0"}"#.to_owned()),
+    ] {
+        let r = anonymous.post(gw.addr, path, &body).await.unwrap();
+        assert_eq!(
+            r.error(),
+            (-32008, "no_client_certificate".into()),
+            "{path}"
+        );
+        assert_eq!(r.json()["id"], "a-1", "{path}");
+    }
+    // Another HTTP method.
+    let mut tls = anonymous.connect(gw.addr).await.unwrap();
+    tls.write_all(b"GET /p/rpc HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = tls.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    assert!(answer.contains("\"code\":-32008"), "{answer}");
+    assert!(partner.seen().is_empty());
+}
