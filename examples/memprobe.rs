@@ -64,7 +64,7 @@ struct Args {
     partner_http2: bool,
 }
 
-/// Event padding: each event is about this long.
+/// Event padding: each event is about this long (at least its fields: ~165 bytes).
 const EVENT_BYTES: usize = 150;
 
 fn event(id: &str, task: &str, seq: u64, state: &str) -> Bytes {
@@ -183,10 +183,27 @@ async fn metric(admin: SocketAddr, name: &str) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
+/// What the allocator holds live against what it keeps resident (jemalloc builds; empty
+/// otherwise).
+async fn heap(admin: SocketAddr) -> String {
+    let mut out = String::new();
+    for line in metrics_text(admin).await.lines() {
+        if let Some(rest) = line.strip_prefix("aipgw_allocator_bytes{kind=\"") {
+            if let Some((kind, v)) = rest.split_once("\"} ") {
+                let mib = v.parse::<f64>().unwrap_or(f64::NAN) / 1048576.0;
+                out.push_str(&format!("{kind} {mib:.1} MiB  "));
+            }
+        }
+    }
+    out
+}
+
 struct Probe {
     pid: u32,
     admin: SocketAddr,
     received: Arc<AtomicU64>,
+    /// Bytes of the events counted in `received`.
+    received_bytes: Arc<AtomicU64>,
     started: Instant,
 }
 
@@ -281,10 +298,12 @@ http2 = {h2}
         pid: gw.id(),
         admin,
         received: Arc::new(AtomicU64::new(0)),
+        received_bytes: Arc::new(AtomicU64::new(0)),
         started: Instant::now(),
     };
     tokio::time::sleep(Duration::from_secs(1)).await;
     let idle = rss_kib(probe.pid);
+    let idle_heap = heap(admin).await;
     probe.report("idle", idle, 0).await;
 
     let mut roots = rustls::RootCertStore::empty();
@@ -320,6 +339,7 @@ http2 = {h2}
                 .body(Full::new(Bytes::from(body)))?;
             let mut send = send.clone();
             let (received, done) = (probe.received.clone(), done.clone());
+            let received_bytes = probe.received_bytes.clone();
             readers.push(tokio::spawn(async move {
                 let Ok(resp) = send.send_request(req).await else {
                     return;
@@ -329,6 +349,7 @@ http2 = {h2}
                     if let Ok(data) = frame.into_data() {
                         let n = data.windows(2).filter(|w| w == b"\n\n").count();
                         received.fetch_add(n as u64, Ordering::Relaxed);
+                        received_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
                     }
                 }
                 done.fetch_add(1, Ordering::Relaxed);
@@ -339,16 +360,21 @@ http2 = {h2}
     // Every stream has its first event once each has been asked for and an interval passed.
     tokio::time::sleep(args.interval + Duration::from_secs(1)).await;
     let open_kib = rss_kib(probe.pid);
+    let open_buffered = metric(admin, "aipgw_replay_buffer_events").await;
+    println!("        allocator idle: {idle_heap}");
     probe.report("opened", idle, opened).await;
     let hold_end = Instant::now() + args.hold;
     while Instant::now() < hold_end {
         tokio::time::sleep(args.sample.min(hold_end - Instant::now())).await;
         probe.report("hold", idle, opened).await;
     }
-    let buffered = metric(admin, "aipgw_replay_buffer_events").await;
+    // The events buffered during the hold, against the RSS grown meanwhile.
+    let buffered = metric(admin, "aipgw_replay_buffer_events").await - open_buffered;
     let grown = rss_kib(probe.pid).saturating_sub(open_kib);
+    let event_bytes = probe.received_bytes.load(Ordering::Relaxed) as f64
+        / probe.received.load(Ordering::Relaxed).max(1) as f64;
     println!(
-        "growth during the hold: {:.0} B per buffered event ({} KiB over {buffered} events)",
+        "growth during the hold: {:.0} B per buffered event of {event_bytes:.0} B ({} KiB over {buffered} events)",
         grown as f64 * 1024.0 / buffered,
         grown
     );
@@ -371,6 +397,7 @@ http2 = {h2}
         tokio::time::sleep(Duration::from_secs(10)).await;
         probe.report("later", idle, 0).await;
     }
+    println!("        allocator after retention: {}", heap(admin).await);
     let after = rss_kib(probe.pid);
     println!(
         "after retention: {:.1} MiB, {:.2}x the idle {:.1} MiB; streams done {}/{}",

@@ -62,6 +62,7 @@
 //! - [`admin`], `metrics`, `trace`, [`reload`], `inspect`: operations (admin
 //!   listener, Prometheus metrics, trace context, hot reload, `inspect-cert`).
 //! - `hex`: lowercase hex encoding.
+//! - `allocator`: jemalloc's own figures (allocated, resident, metadata) for `/metrics`.
 
 // Items the benches and tests reach through `test_util` are `pub`; without that feature
 // they are unreachable, which the lint rightly reports in the build that has it.
@@ -69,6 +70,7 @@
 
 pub(crate) mod access_log;
 pub mod admin;
+pub(crate) mod allocator;
 pub(crate) mod answer;
 pub mod body;
 pub mod cli;

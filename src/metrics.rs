@@ -27,6 +27,13 @@ pub struct RequestLabels {
     pub code: i32,
 }
 
+/// Which figure.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct KindLabels {
+    /// What it measures.
+    pub(crate) kind: &'static str,
+}
+
 /// Labels of a latency histogram.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabels {
@@ -90,7 +97,7 @@ pub struct ResultLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CertLabels {
     /// `server`, `client_ca`, `partner_ca`, `partner_client`.
-    pub kind: &'static str,
+    pub(crate) kind: &'static str,
     /// Where it was loaded from (a config path; a Partner's name for its certificates).
     pub source: String,
     /// Its subject.
@@ -131,6 +138,7 @@ pub struct Metrics {
     /// Expiry (Unix seconds) of every loaded certificate.
     pub cert_expiry: Family<CertLabels, Gauge>,
     replay_bytes: Gauge,
+    heap: Family<KindLabels, Gauge>,
     replay_events: Gauge,
     replay_streams: Gauge,
     replay_evicted_events: Gauge,
@@ -163,6 +171,7 @@ impl Metrics {
             config_reloads: Family::default(),
             cert_expiry: Family::default(),
             replay_bytes: Gauge::default(),
+            heap: Family::default(),
             replay_events: Gauge::default(),
             replay_streams: Gauge::default(),
             replay_evicted_events: Gauge::default(),
@@ -270,6 +279,11 @@ impl Metrics {
             "Streams evicted from the replay buffer (total)",
             m.replay_evicted_streams.clone(),
         );
+        r.register(
+            "allocator_bytes",
+            "The allocator's figures (jemalloc builds): allocated, active, resident, metadata, retained",
+            m.heap.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -281,6 +295,11 @@ impl Metrics {
         self.replay_streams.set(g(replay.streams as u64));
         self.replay_evicted_events.set(g(replay.evicted_events));
         self.replay_evicted_streams.set(g(replay.evicted_streams));
+        if let Some(heap) = crate::allocator::stats() {
+            for (kind, v) in heap.labelled() {
+                self.heap.get_or_create(&KindLabels { kind }).set(g(v));
+            }
+        }
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.push_str("# encoding failed\n");

@@ -83,8 +83,10 @@ fn a_buffered_event_costs_its_bytes_and_the_count_matches() {
         (opened - start) / STREAMS as isize,
         store.stats().bytes
     );
+    // Issue 13 asks for its bytes + 64 B; the log's 4-byte offsets keep it within + 32 B
+    // (the 32-byte slots it replaced cost 204 B here).
     assert!(
-        per_event <= (EVENT + 64) as isize,
+        per_event <= (EVENT + 32) as isize,
         "a {EVENT}-byte event holds {per_event} B"
     );
     let counted = store.stats().bytes as isize;

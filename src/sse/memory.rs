@@ -31,7 +31,7 @@ use super::replay::{
     Cursor, Entry, FollowerGuard, Gap, ReplayStats, ReplayStore, StreamEnd, StreamKey, StreamMeta,
     StreamRecord, NO_SEQ,
 };
-use super::slots::{Blocks, Slot};
+use super::slots::EventLog;
 
 /// The store's bounds (see `[replay]` in the config).
 #[derive(Debug, Clone, Copy)]
@@ -46,15 +46,6 @@ pub struct ReplayLimits {
     pub max_streams: usize,
     /// How long a finished stream stays replayable.
     pub retention: Duration,
-}
-
-/// Grows a full log by a third rather than letting `VecDeque` double it, so the unused
-/// slots stay under a third of the used ones: a 32-byte slot then costs at most 43 bytes
-/// (beside its block bytes) in logs of a dozen events or more.
-fn reserve_for_push<T>(entries: &mut VecDeque<T>) {
-    if entries.len() == entries.capacity() {
-        entries.reserve_exact((entries.len() / 3).max(4));
-    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -98,11 +89,8 @@ pub struct MemoryStore {
 }
 
 struct LogState {
-    entries: VecDeque<Slot>,
-    /// Where the slots' bytes live.
-    blocks: Blocks,
-    /// Position of `entries[0]`.
-    base_pos: u64,
+    /// The events, in blocks of the record's own.
+    log: EventLog,
     evicted_through: Option<u64>,
     last_seq: Option<u64>,
     end: Option<StreamEnd>,
@@ -111,47 +99,36 @@ struct LogState {
 impl LogState {
     fn new() -> LogState {
         LogState {
-            entries: VecDeque::new(),
-            blocks: Blocks::default(),
-            base_pos: 0,
+            log: EventLog::default(),
             evicted_through: None,
             last_seq: None,
             end: None,
         }
     }
 
-    /// The memory this log holds: its blocks and its entry slots.
+    /// The memory this log holds.
     fn held(&self) -> usize {
-        self.blocks.bytes() + self.entries.capacity() * std::mem::size_of::<Slot>()
+        self.log.held()
     }
 
     /// Removes the oldest entry (and the block it was the last one of); false when
     /// there is none.
     fn pop_front(&mut self) -> bool {
-        let Some(seq) = self.entries.pop_front().map(|s| s.seq()) else {
+        let Some(seq) = self.log.pop_front() else {
             return false;
         };
-        self.base_pos += 1;
-        self.blocks.release_before(self.base_pos);
         if seq != NO_SEQ {
             self.evicted_through = Some(self.evicted_through.map_or(seq, |x| x.max(seq)));
         }
         true
     }
 
-    /// The lowest `eventSeq` still held.
-    fn first_seq(&self) -> Option<u64> {
-        self.entries.iter().map(Slot::seq).find(|s| *s != NO_SEQ)
-    }
-
-    /// Drops every entry and block, and the slots they took.
+    /// Drops every entry and block, and the room they took.
     fn clear(&mut self) {
         if let Some(last) = self.last_seq {
             self.evicted_through = Some(last);
         }
-        self.base_pos += self.entries.len() as u64;
-        self.entries = VecDeque::new();
-        self.blocks = Blocks::default();
+        self.log.clear();
     }
 }
 
@@ -349,7 +326,7 @@ impl MemRecord {
     fn clear(&self) {
         let sh = self.totals();
         let mut st = lock(&self.state);
-        let (bytes, n) = (st.held(), st.entries.len());
+        let (bytes, n) = (st.held(), st.log.len());
         st.clear();
         if let Some(sh) = sh {
             sh.totals.bytes.fetch_sub(bytes, Ordering::AcqRel);
@@ -365,9 +342,7 @@ impl Drop for MemRecord {
         let st = lock(&self.state);
         if let Some(sh) = self.shared.upgrade() {
             sh.totals.bytes.fetch_sub(st.held(), Ordering::AcqRel);
-            sh.totals
-                .events
-                .fetch_sub(st.entries.len(), Ordering::AcqRel);
+            sh.totals.events.fetch_sub(st.log.len(), Ordering::AcqRel);
         }
     }
 }
@@ -385,16 +360,13 @@ impl StreamRecord for MemRecord {
         if entry.seq != NO_SEQ {
             st.last_seq = Some(entry.seq);
         }
-        let pos = st.base_pos + st.entries.len() as u64;
         // The copy that lets the Partner connection's read buffer go (module docs).
-        let slot = st.blocks.store(&entry, pos);
+        st.log.push(&entry);
         drop(entry);
-        reserve_for_push(&mut st.entries);
-        st.entries.push_back(slot);
         let mut trimmed = 0;
         if let Some(l) = limits {
-            while (st.entries.len() > l.max_events_per_stream || st.held() > l.max_bytes_per_stream)
-                && st.entries.len() > 1
+            while (st.log.len() > l.max_events_per_stream || st.held() > l.max_bytes_per_stream)
+                && st.log.len() > 1
             {
                 st.pop_front();
                 trimmed += 1;
@@ -447,7 +419,7 @@ impl StreamRecord for MemRecord {
     fn first_cursor(&self) -> Cursor {
         let st = lock(&self.state);
         Cursor {
-            next_pos: st.base_pos,
+            next_pos: st.log.base(),
             live_from: 0,
         }
     }
@@ -455,7 +427,7 @@ impl StreamRecord for MemRecord {
     fn cursor_after(&self, after: Option<u64>) -> Result<Cursor, Gap> {
         let st = lock(&self.state);
         let gap = || Gap {
-            first_available_seq: st.first_seq(),
+            first_available_seq: st.log.first_seq(),
             evicted_through: st.evicted_through.unwrap_or(0),
         };
         if let Some(evicted) = st.evicted_through {
@@ -463,15 +435,8 @@ impl StreamRecord for MemRecord {
                 return Err(gap());
             }
         }
-        let end = st.base_pos + st.entries.len() as u64;
-        let skip = st
-            .entries
-            .iter()
-            .position(|e| {
-                let seq = e.seq();
-                seq != NO_SEQ && after.is_none_or(|a| seq > a)
-            })
-            .map_or(end, |i| st.base_pos + i as u64);
+        let end = st.log.end();
+        let skip = st.log.position(|seq| after.is_none_or(|a| seq > a));
         Ok(Cursor {
             next_pos: skip,
             live_from: end,
@@ -480,21 +445,14 @@ impl StreamRecord for MemRecord {
 
     fn read(&self, cursor: &mut Cursor, out: &mut Vec<Entry>) -> Result<Option<StreamEnd>, Gap> {
         let st = lock(&self.state);
-        if cursor.next_pos < st.base_pos {
+        if cursor.next_pos < st.log.base() {
             return Err(Gap {
-                first_available_seq: st.first_seq(),
+                first_available_seq: st.log.first_seq(),
                 evicted_through: st.evicted_through.unwrap_or(0),
             });
         }
-        let from = (cursor.next_pos - st.base_pos) as usize;
-        for (i, slot) in st.entries.iter().enumerate().skip(from) {
-            let e = slot.entry();
-            if e.seq == NO_SEQ && st.base_pos + (i as u64) < cursor.live_from {
-                continue;
-            }
-            out.push(e);
-        }
-        cursor.next_pos = st.base_pos + st.entries.len() as u64;
+        st.log.read_from(cursor.next_pos, cursor.live_from, out);
+        cursor.next_pos = st.log.end();
         Ok(st.end)
     }
 
@@ -561,23 +519,6 @@ mod tests {
     /// More appenders than cores make the scheduler preempt some of them between their
     /// push and their accounting, where the old code let a clear subtract first; the wrap
     /// then lasts as long as that appender is off its core, long enough to read.
-    /// What `benches/README.md` states: with logs grown by a third, a 32-byte slot costs
-    /// at most 43 bytes of log (its share of the unused room) at every length from 12 to
-    /// 20,000 events.
-    #[test]
-    fn slot_overhead_is_at_most_43_bytes_at_every_length() {
-        assert_eq!(std::mem::size_of::<Slot>(), 32);
-        let mut log: VecDeque<[u8; 32]> = VecDeque::new();
-        for n in 1..=20_000usize {
-            reserve_for_push(&mut log);
-            log.push_back([0; 32]);
-            if n >= 12 {
-                let per_event = log.capacity() * 32 / n;
-                assert!(per_event <= 43, "{n} events: {per_event} bytes of log each");
-            }
-        }
-    }
-
     #[test]
     fn totals_never_underflow_under_races() {
         let store = Arc::new(MemoryStore::new(ReplayLimits {

@@ -38,7 +38,8 @@ pub struct StreamMeta {
 }
 
 /// One buffered event: its exact bytes, and where its JSON-RPC id sits in them. (How a
-/// store keeps it is the store's own: the in-memory one packs it into a 32-byte slot.)
+/// store keeps it is the store's own: the in-memory one packs it into its blocks behind a
+/// 4-byte offset.)
 #[derive(Debug, Clone)]
 pub struct Entry {
     /// `eventSeq`, or `NO_SEQ`.

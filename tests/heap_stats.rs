@@ -1,0 +1,30 @@
+//! `aipgw_allocator_bytes` reads jemalloc's own figures when jemalloc is the allocator
+//! (issue 13): live bytes follow what the program holds, and what it frees is no longer
+//! counted as allocated.
+#![allow(missing_docs)]
+
+use aipgw::test_util::heap_stats;
+
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn allocated_follows_what_is_held_and_freed() {
+    let before = heap_stats().expect("jemalloc's statistics are compiled in and readable");
+    let held: Vec<Vec<u8>> = (0..64).map(|i| vec![i as u8; 256 * 1024]).collect();
+    let during = heap_stats().expect("statistics");
+    assert!(
+        during.allocated >= before.allocated + 16 * MIB,
+        "16 MiB held: {before:?} -> {during:?}"
+    );
+    assert!(during.resident >= during.active && during.active >= during.allocated);
+    assert!(during.metadata > 0);
+    drop(held);
+    let after = heap_stats().expect("statistics");
+    assert!(
+        after.allocated + 15 * MIB <= during.allocated,
+        "freed: {during:?} -> {after:?}"
+    );
+}
