@@ -11,6 +11,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use arc_swap::ArcSwap;
 
+use crate::cluster::Cluster;
 use crate::config::Config;
 use crate::metrics::{CertLabels, Metrics};
 use crate::policy::tasks::{MemoryTaskOwners, TaskOwners};
@@ -42,6 +43,8 @@ pub struct Snapshot {
     pub metrics: Arc<Metrics>,
     /// Raised when the drain deadline passes (see [`Stores::closing`]).
     pub closing: Arc<tokio::sync::watch::Sender<bool>>,
+    /// Shared state through Redis (`None`: one instance, `[cluster] mode = "local"`).
+    pub cluster: Option<Arc<Cluster>>,
 }
 
 /// State that outlives a config snapshot.
@@ -57,6 +60,8 @@ pub struct Stores {
     pub closing: Arc<tokio::sync::watch::Sender<bool>>,
     /// Open streams per AIC.
     pub streams: Arc<StreamCounts>,
+    /// The Redis connection, in cluster mode.
+    pub cluster: Option<Arc<Cluster>>,
 }
 
 impl Snapshot {
@@ -112,6 +117,7 @@ impl Snapshot {
             tasks: stores.tasks,
             metrics: stores.metrics,
             closing: stores.closing,
+            cluster: stores.cluster,
             config: Arc::new(config),
         })
     }
@@ -126,15 +132,18 @@ pub struct Gateway {
 impl Gateway {
     /// Builds the gateway from a config.
     pub fn new(config: Config) -> anyhow::Result<Arc<Gateway>> {
+        let metrics = Arc::new(Metrics::new());
+        let cluster = Cluster::new(&config.cluster, metrics.clone())?;
         let stores = Stores {
             replay: Arc::new(MemoryStore::new(config.replay)),
             tasks: Arc::new(MemoryTaskOwners::new(
                 config.tasks.max_entries,
                 config.tasks.ttl,
             )),
-            metrics: Arc::new(Metrics::new()),
+            metrics,
             closing: Arc::new(tokio::sync::watch::channel(false).0),
             streams: Arc::new(StreamCounts::new(None)),
+            cluster,
         };
         Ok(Arc::new(Gateway {
             current: ArcSwap::from_pointee(Snapshot::build(config, stores, None)?),
@@ -155,12 +164,20 @@ impl Gateway {
     /// stays.
     pub fn replace(&self, config: Config) -> anyhow::Result<()> {
         let old = self.snapshot();
+        if config.cluster != old.config.cluster {
+            old.metrics
+                .config_reloads
+                .get_or_create(&crate::metrics::ResultLabels { result: "failed" })
+                .inc();
+            anyhow::bail!("cluster: its settings are read at start; restart to change them");
+        }
         let stores = Stores {
             replay: old.replay.clone(),
             tasks: old.tasks.clone(),
             metrics: old.metrics.clone(),
             closing: old.closing.clone(),
             streams: old.streams.clone(),
+            cluster: old.cluster.clone(),
         };
         let built = Snapshot::build(config, stores, Some(&old));
         let result = if built.is_ok() { "ok" } else { "failed" };

@@ -21,7 +21,7 @@ pub(crate) fn encode_into(bytes: &[u8], out: &mut [u8]) {
 /// Hex text (either case, even length) as bytes; `None` for anything else.
 pub(crate) fn decode(text: &str) -> Option<Vec<u8>> {
     let t = text.as_bytes();
-    if t.len() % 2 != 0 {
+    if !t.len().is_multiple_of(2) {
         return None;
     }
     let nibble = |c: u8| char::from(c).to_digit(16).map(|d| d as u8);

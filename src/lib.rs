@@ -74,6 +74,7 @@ pub(crate) mod allocator;
 pub(crate) mod answer;
 pub mod body;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 #[cfg(feature = "dev")]
 pub mod demo;

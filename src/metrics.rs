@@ -27,6 +27,13 @@ pub struct RequestLabels {
     pub code: i32,
 }
 
+/// A Redis operation.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabels {
+    /// What was asked of Redis.
+    pub op: &'static str,
+}
+
 /// Which figure.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct KindLabels {
@@ -137,6 +144,12 @@ pub struct Metrics {
     pub config_reloads: Family<ResultLabels, Counter>,
     /// Expiry (Unix seconds) of every loaded certificate.
     pub cert_expiry: Family<CertLabels, Gauge>,
+    /// 1 while Redis answers (cluster mode), else 0.
+    pub cluster_redis_up: Gauge,
+    /// Redis commands that failed or timed out, by operation.
+    pub redis_errors: Family<OpLabels, Counter>,
+    /// Time of each quota sync with Redis.
+    pub ratelimit_sync_seconds: Histogram,
     replay_bytes: Gauge,
     heap: Family<KindLabels, Gauge>,
     replay_events: Gauge,
@@ -170,6 +183,9 @@ impl Metrics {
             upstream_errors: Family::default(),
             config_reloads: Family::default(),
             cert_expiry: Family::default(),
+            cluster_redis_up: Gauge::default(),
+            redis_errors: Family::default(),
+            ratelimit_sync_seconds: latency(),
             replay_bytes: Gauge::default(),
             heap: Family::default(),
             replay_events: Gauge::default(),
@@ -278,6 +294,21 @@ impl Metrics {
             "replay_buffer_evicted_streams",
             "Streams evicted from the replay buffer (total)",
             m.replay_evicted_streams.clone(),
+        );
+        r.register(
+            "cluster_redis_up",
+            "1 while Redis answers (cluster mode)",
+            m.cluster_redis_up.clone(),
+        );
+        r.register(
+            "redis_errors",
+            "Redis commands that failed or timed out, by operation",
+            m.redis_errors.clone(),
+        );
+        r.register(
+            "ratelimit_sync_seconds",
+            "Time of each quota sync with Redis",
+            m.ratelimit_sync_seconds.clone(),
         );
         r.register(
             "allocator_bytes",

@@ -63,6 +63,12 @@ pub async fn run(
     let handshakes = KeyedCounts::<IpAddr>::new(Some(snap.config.listener.max_handshakes_per_ip));
     let (drain_tx, drain_rx) = watch::channel(false);
     let sweeper = tokio::spawn(crate::upkeep::run(gateway.clone()));
+    let cluster = snap.cluster.clone().map(|c| {
+        let g = gateway.clone();
+        tokio::spawn(crate::cluster::ratelimit::sync_loop(c, move || {
+            g.snapshot().limiter.clone()
+        }))
+    });
     gateway.set_ready(true);
     tokio::pin!(shutdown);
     loop {
@@ -105,6 +111,9 @@ pub async fn run(
     gateway.set_ready(false);
     drop(listener);
     sweeper.abort();
+    if let Some(c) = &cluster {
+        c.abort();
+    }
     let _ = drain_tx.send(true);
     // Every connection holds a permit: all of them back means all connections ended.
     // In-flight requests finish within `drain_timeout`; streams still open then get a

@@ -65,6 +65,8 @@ pub struct Config {
     pub reload_watch: bool,
     /// Reload debounce.
     pub reload_debounce: Duration,
+    /// Shared state for several instances; read at start only.
+    pub cluster: crate::cluster::ClusterSettings,
     /// The Partners, in file order.
     pub partners: Vec<PartnerConfig>,
 }
@@ -216,6 +218,8 @@ impl Config {
         }
         let dotted = DottedCheck::try_from(&raw.identity)?;
         let mut ratelimit = RateLimitSettings::try_from(&raw.ratelimit)?;
+        let cluster = crate::cluster::ClusterSettings::try_from(&raw.cluster)?;
+        ratelimit.limiter.counting = cluster.mode == crate::cluster::ClusterMode::Redis;
         let mut names = HashSet::new();
         let mut routes = HashSet::new();
         let mut partners = Vec::with_capacity(raw.partners.len());
@@ -275,6 +279,7 @@ impl Config {
             policy: crate::policy::GlobalPolicy::try_from(&raw.policy)?,
             tasks: TaskPolicy::try_from(&raw.policy.tasks)?,
             ratelimit,
+            cluster,
             partners,
         })
     }
@@ -299,6 +304,12 @@ fn resolve_paths(raw: &mut RawConfig, base: &Path) {
         resolve(&mut t.ca);
         t.cert.iter_mut().chain(t.key.iter_mut()).for_each(resolve);
     }
+    let c = &mut raw.cluster;
+    c.tls_ca
+        .iter_mut()
+        .chain(c.tls_cert.iter_mut())
+        .chain(c.tls_key.iter_mut())
+        .for_each(resolve);
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 // Settings enums that belong to the modules acting on them; the file reads them here.
+pub use crate::cluster::{ClusterMode, OnClusterError};
 pub use crate::error::ErrorStatus;
 pub use crate::policy::tasks::UnknownTask;
 pub use crate::sse::relay::OnUpstreamFailure;
@@ -56,6 +57,108 @@ pub struct RawConfig {
     /// The process's worker threads.
     #[serde(default)]
     pub runtime: RawRuntime,
+    /// Several instances sharing state through Redis.
+    #[serde(default)]
+    pub cluster: RawCluster,
+}
+
+/// `[cluster]`: read at start (a reload that changes it is refused; restart instead).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCluster {
+    /// `local` (one instance, state in memory) or `redis` (shared through Redis).
+    #[serde(default)]
+    pub mode: ClusterMode,
+    /// `redis://host:port[/db]`, or `rediss://` for TLS (with `tls_ca`, and `tls_cert` +
+    /// `tls_key` for a client certificate).
+    #[serde(default = "default_redis_url")]
+    pub redis_url: String,
+    /// CA bundle for `rediss://` (default: the system's roots).
+    #[serde(default)]
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate for `rediss://`.
+    #[serde(default)]
+    pub tls_cert: Option<PathBuf>,
+    /// Its key.
+    #[serde(default)]
+    pub tls_key: Option<PathBuf>,
+    /// Every key the gateway writes starts with this.
+    #[serde(default = "default_key_prefix")]
+    pub key_prefix: String,
+    /// This instance's name in shared state (default: host name and process id).
+    #[serde(default)]
+    pub instance_id: String,
+    /// A Redis command that takes longer counts as failed.
+    #[serde(default = "d25ms", with = "humantime_serde")]
+    pub command_timeout: Duration,
+    /// A connection attempt that takes longer fails (and is retried in the background).
+    #[serde(default = "d1s", with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// What quotas do while Redis cannot be reached.
+    #[serde(default)]
+    pub on_error: OnClusterError,
+    /// Shared quotas.
+    #[serde(default)]
+    pub ratelimit: RawClusterRateLimit,
+}
+
+impl Default for RawCluster {
+    fn default() -> Self {
+        RawCluster {
+            mode: ClusterMode::default(),
+            redis_url: default_redis_url(),
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+            key_prefix: default_key_prefix(),
+            instance_id: String::new(),
+            command_timeout: d25ms(),
+            connect_timeout: d1s(),
+            on_error: OnClusterError::default(),
+            ratelimit: RawClusterRateLimit::default(),
+        }
+    }
+}
+
+/// `[cluster.ratelimit]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawClusterRateLimit {
+    /// How often each instance reports the requests it admitted and takes the shared
+    /// state back.
+    #[serde(default = "d250ms", with = "humantime_serde")]
+    pub sync_interval: Duration,
+    /// Quota keys sent in one script call at most (a sync with more is split).
+    #[serde(default = "default_sync_batch")]
+    pub max_keys_per_call: usize,
+}
+
+impl Default for RawClusterRateLimit {
+    fn default() -> Self {
+        RawClusterRateLimit {
+            sync_interval: d250ms(),
+            max_keys_per_call: default_sync_batch(),
+        }
+    }
+}
+
+fn default_redis_url() -> String {
+    "redis://127.0.0.1:6379".into()
+}
+fn default_key_prefix() -> String {
+    "aipgw:".into()
+}
+fn d25ms() -> Duration {
+    Duration::from_millis(25)
+}
+fn d250ms() -> Duration {
+    Duration::from_millis(250)
+}
+fn d1s() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_sync_batch() -> usize {
+    1000
 }
 
 /// `[runtime]`: read once at start (a reload does not change it).

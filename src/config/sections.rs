@@ -387,6 +387,56 @@ fn normalize_prefix(prefix: &str) -> anyhow::Result<String> {
     Ok(if trimmed.is_empty() { "/" } else { trimmed }.to_owned())
 }
 
+/// `[cluster]`.
+impl TryFrom<&raw::RawCluster> for crate::cluster::ClusterSettings {
+    type Error = anyhow::Error;
+
+    fn try_from(c: &raw::RawCluster) -> anyhow::Result<crate::cluster::ClusterSettings> {
+        positive("cluster.command_timeout", c.command_timeout)?;
+        positive("cluster.connect_timeout", c.connect_timeout)?;
+        positive("cluster.ratelimit.sync_interval", c.ratelimit.sync_interval)?;
+        at_least_one(
+            "cluster.ratelimit.max_keys_per_call",
+            c.ratelimit.max_keys_per_call,
+        )?;
+        let url = c.redis_url.as_str();
+        if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+            bail!("cluster.redis_url: {url:?} must start with redis:// or rediss://");
+        }
+        let tls_files = c.tls_ca.is_some() || c.tls_cert.is_some() || c.tls_key.is_some();
+        if tls_files && !url.starts_with("rediss://") {
+            bail!("cluster.tls_ca, tls_cert, tls_key: only with a rediss:// redis_url");
+        }
+        let client = match (&c.tls_cert, &c.tls_key) {
+            (Some(cert), Some(key)) => Some((cert.clone(), key.clone())),
+            (None, None) => None,
+            _ => bail!("cluster.tls_cert and cluster.tls_key: give both or neither"),
+        };
+        if c.key_prefix.contains(['{', '}']) {
+            bail!("cluster.key_prefix: must not contain braces (keys carry hash tags)");
+        }
+        Ok(crate::cluster::ClusterSettings {
+            mode: c.mode,
+            redis_url: c.redis_url.clone(),
+            tls: crate::cluster::RedisTls {
+                ca: c.tls_ca.clone(),
+                client,
+            },
+            key_prefix: c.key_prefix.clone(),
+            instance_id: if c.instance_id.is_empty() {
+                crate::cluster::default_instance_id()
+            } else {
+                c.instance_id.clone()
+            },
+            command_timeout: c.command_timeout,
+            connect_timeout: c.connect_timeout,
+            on_error: c.on_error,
+            sync_interval: c.ratelimit.sync_interval,
+            max_keys_per_call: c.ratelimit.max_keys_per_call,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

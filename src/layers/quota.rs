@@ -2,9 +2,14 @@
 //! before the body is read. A refusal reads the body to echo its id only when it is
 //! declared small (`ratelimit.reply_id_max_bytes`), so a throttled client costs little;
 //! otherwise the id is `null` and the HTTP/1 connection closes (its body left unread).
+//!
+//! In cluster mode, while Redis cannot be reached, `cluster.on_error` decides: `local`
+//! checks as usual (each instance on its own), `open` lets everything through, `closed`
+//! refuses every request a quota applies to (`cluster_unavailable`).
 
 use super::check::{Check, CheckLayer, Checked, Refuse};
 use super::exchange::{missing_step, Exchange};
+use crate::cluster::OnClusterError;
 use crate::error::GatewayError;
 
 /// The step (see the module documentation).
@@ -20,8 +25,23 @@ impl<B> Check<B> for QuotaStep {
         let (Some(caller), Some(route)) = (&x.caller, &x.route) else {
             return Err(missing_step().into());
         };
-        let partner = route.partner.config.name.as_str();
-        let Err(refusal) = x.snap.limiter.check(&caller.aic, Some(partner)) else {
+        let partner = Some(route.partner.config.name.as_str());
+        let limiter = &x.snap.limiter;
+        let verdict = match x.snap.cluster.as_deref() {
+            Some(c) if !c.is_up() => match c.settings().on_error {
+                OnClusterError::Local => limiter.check(&caller.aic, partner),
+                OnClusterError::Open => Ok(()),
+                OnClusterError::Closed if limiter.applies(&caller.aic, partner) => {
+                    Err(crate::ratelimit::Refusal {
+                        reason: "cluster_unavailable",
+                        retry_after: c.settings().sync_interval,
+                    })
+                }
+                OnClusterError::Closed => Ok(()),
+            },
+            _ => limiter.check(&caller.aic, partner),
+        };
+        let Err(refusal) = verdict else {
             return Ok(());
         };
         let limit = x.snap.config.ratelimit.reply_id_max_bytes;

@@ -22,11 +22,11 @@ use std::time::Duration;
 
 use governor::clock::{Clock, QuantaUpkeepClock, Reference};
 use governor::middleware::NoOpMiddleware;
-use governor::state::{InMemoryState, NotKeyed};
+use governor::state::NotKeyed;
 use governor::{Quota, RateLimiter};
 
 use crate::identity::Aic;
-use store::{CappedStore, SlotStore};
+use store::{CappedStore, SingleState, SlotStore};
 
 /// A rate as configured: sustained requests per second and burst.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -60,6 +60,8 @@ pub struct Refusal {
 pub trait Limiter: Send + Sync {
     /// Spends one request of `aic`'s quotas (and, when known, the Partner's).
     fn check(&self, aic: &Aic, partner: Option<&str>) -> Result<(), Refusal>;
+    /// Whether any quota applies to `aic` (at `partner`).
+    fn applies(&self, aic: &Aic, partner: Option<&str>) -> bool;
     /// Forgets keys whose state is back to fresh.
     fn sweep(&self);
     /// Keys tracked across the keyed stores.
@@ -67,10 +69,47 @@ pub trait Limiter: Send + Sync {
     /// The limiter for a new config: this very one when nothing changed, otherwise a new
     /// one that continues this one's state for every quota whose settings are the same.
     fn reconfigured(self: Arc<Self>, cfg: &LimiterConfig) -> anyhow::Result<Arc<dyn Limiter>>;
+    /// Cluster sync: appends, for every quota state that admitted requests since the last
+    /// call, how many (and takes them: the next call counts from zero). Nothing unless
+    /// the config asked for counting ([`LimiterConfig::counting`]).
+    fn take_hits(&self, out: &mut Vec<Hits>);
+    /// Cluster sync: raises a quota state to be `debt` ahead of now (the shared state of
+    /// every instance), unless it is further ahead already.
+    fn raise(&self, quota: &QuotaRef, debt: Duration);
+}
+
+/// Which quota state (for the cluster sync; see `cluster::ratelimit`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum QuotaRef {
+    /// A caller's own quota: the default, or its override.
+    Aic(Aic),
+    /// A caller's quota at one Partner.
+    AicAtPartner(Aic, Arc<str>),
+    /// A Partner's total.
+    PartnerTotal(Arc<str>),
+}
+
+/// Requests one quota state admitted since the last sync.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hits {
+    /// Which state.
+    pub quota: QuotaRef,
+    /// How many.
+    pub count: u64,
+    /// Its rate (the shared state is kept on the same GCRA terms).
+    pub rate: Rate,
 }
 
 type Keyed<C> = RateLimiter<Aic, SlotStore<Aic>, C, NoOpMiddleware<<C as Clock>::Instant>>;
-type Direct<C> = RateLimiter<NotKeyed, InMemoryState, C, NoOpMiddleware<<C as Clock>::Instant>>;
+type Direct<C> = RateLimiter<NotKeyed, SingleState, C, NoOpMiddleware<<C as Clock>::Instant>>;
+
+/// An unkeyed quota: its limiter and its state (the same one, shared for the sync).
+struct DirectLimit<C: Clock> {
+    rate: Rate,
+    limiter: Direct<C>,
+    state: SingleState,
+    started: C::Instant,
+}
 
 /// A Partner's quotas.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -92,6 +131,8 @@ pub struct LimiterConfig {
     pub partners: HashMap<String, PartnerRates>,
     /// AICs tracked at most (each with a slot per keyed quota).
     pub max_keys: usize,
+    /// Count admitted requests per state for the cluster sync (`[cluster] mode = "redis"`).
+    pub counting: bool,
 }
 
 struct KeyedLimit<C: Clock> {
@@ -103,7 +144,8 @@ struct KeyedLimit<C: Clock> {
 }
 
 struct PartnerLimit<C: Clock> {
-    total: Option<(Rate, Arc<Direct<C>>)>,
+    name: Arc<str>,
+    total: Option<Arc<DirectLimit<C>>>,
     per_aic: Option<KeyedLimit<C>>,
 }
 
@@ -114,7 +156,7 @@ pub struct GovernorLimiter<C: Clock + Clone = QuantaUpkeepClock> {
     /// One entry per AIC, a slot per keyed quota.
     store: CappedStore<Aic>,
     default: Option<KeyedLimit<C>>,
-    overrides: HashMap<Aic, (Rate, Arc<Direct<C>>), ahash::RandomState>,
+    overrides: HashMap<Aic, Arc<DirectLimit<C>>, ahash::RandomState>,
     partners: HashMap<String, PartnerLimit<C>, ahash::RandomState>,
     max_keys: usize,
 }
@@ -153,7 +195,7 @@ impl<C: Clock + Clone> GovernorLimiter<C> {
                 .values()
                 .filter(|p| p.per_aic.is_some())
                 .count();
-        let store = CappedStore::new(slots);
+        let store = CappedStore::new(slots, cfg.counting);
         let mut next_slot = 0;
         let mut keyed = |r: Rate| {
             let slot = next_slot;
@@ -169,10 +211,14 @@ impl<C: Clock + Clone> GovernorLimiter<C> {
             }
         };
         let direct = |r: Rate| {
-            (
-                r,
-                Arc::new(RateLimiter::direct_with_clock(r.quota(), clock.clone())),
-            )
+            let state = SingleState::new(cfg.counting);
+            let started = clock.now();
+            Arc::new(DirectLimit {
+                rate: r,
+                limiter: RateLimiter::new(r.quota(), state.clone(), clock.clone()),
+                state,
+                started,
+            })
         };
         let default = cfg.default.map(&mut keyed);
         GovernorLimiter {
@@ -190,6 +236,7 @@ impl<C: Clock + Clone> GovernorLimiter<C> {
                     (
                         name.clone(),
                         PartnerLimit {
+                            name: name.as_str().into(),
                             total: p.total.map(direct),
                             per_aic: p.per_aic.map(&mut keyed),
                         },
@@ -208,10 +255,10 @@ impl<C: Clock + Clone> GovernorLimiter<C> {
     /// the copy runs (a reload's few milliseconds) may be missing from the new one.
     pub fn carried_over(&self, cfg: &LimiterConfig) -> Self {
         let mut next = Self::with_clock(cfg, self.clock.clone());
-        for (aic, (rate, limiter)) in next.overrides.iter_mut() {
-            if let Some((old_rate, old)) = self.overrides.get(aic) {
-                if old_rate == rate {
-                    *limiter = old.clone();
+        for (aic, limit) in next.overrides.iter_mut() {
+            if let Some(old) = self.overrides.get(aic) {
+                if old.rate == limit.rate {
+                    *limit = old.clone();
                 }
             }
         }
@@ -219,8 +266,8 @@ impl<C: Clock + Clone> GovernorLimiter<C> {
             let Some(old) = self.partners.get(name) else {
                 continue;
             };
-            if let (Some((rate, total)), Some((old_rate, old_total))) = (&mut p.total, &old.total) {
-                if old_rate == rate {
+            if let (Some(total), Some(old_total)) = (&mut p.total, &old.total) {
+                if old_total.rate == total.rate {
                     *total = old_total.clone();
                 }
             }
@@ -278,7 +325,7 @@ where
             }
         };
         match self.overrides.get(aic) {
-            Some((_, own)) => own.check().map_err(refused("aic_rate"))?,
+            Some(own) => own.limiter.check().map_err(refused("aic_rate"))?,
             None => {
                 if let Some(k) = &self.default {
                     self.keyed_check(k, aic, "aic_rate")?;
@@ -289,11 +336,19 @@ where
             if let Some(k) = &p.per_aic {
                 self.keyed_check(k, aic, "aic_partner_rate")?;
             }
-            if let Some((_, total)) = &p.total {
-                total.check().map_err(refused("partner_rate"))?;
+            if let Some(total) = &p.total {
+                total.limiter.check().map_err(refused("partner_rate"))?;
             }
         }
         Ok(())
+    }
+
+    fn applies(&self, aic: &Aic, partner: Option<&str>) -> bool {
+        self.default.is_some()
+            || self.overrides.contains_key(aic)
+            || partner
+                .and_then(|name| self.partners.get(name))
+                .is_some_and(|p| p.per_aic.is_some() || p.total.is_some())
     }
 
     fn sweep(&self) {
@@ -316,6 +371,85 @@ where
             return Ok(self);
         }
         Ok(Arc::new(self.carried_over(cfg)))
+    }
+
+    fn take_hits(&self, out: &mut Vec<Hits>) {
+        if !self.cfg.counting {
+            return;
+        }
+        if let Some(k) = &self.default {
+            self.store.take_hits(k.slot, |aic, count| {
+                out.push(Hits {
+                    quota: QuotaRef::Aic(*aic),
+                    count,
+                    rate: k.rate,
+                })
+            });
+        }
+        for (aic, d) in &self.overrides {
+            let count = d.state.take_hits();
+            if count > 0 {
+                out.push(Hits {
+                    quota: QuotaRef::Aic(*aic),
+                    count,
+                    rate: d.rate,
+                });
+            }
+        }
+        for p in self.partners.values() {
+            if let Some(k) = &p.per_aic {
+                self.store.take_hits(k.slot, |aic, count| {
+                    out.push(Hits {
+                        quota: QuotaRef::AicAtPartner(*aic, p.name.clone()),
+                        count,
+                        rate: k.rate,
+                    })
+                });
+            }
+            if let Some(d) = &p.total {
+                let count = d.state.take_hits();
+                if count > 0 {
+                    out.push(Hits {
+                        quota: QuotaRef::PartnerTotal(p.name.clone()),
+                        count,
+                        rate: d.rate,
+                    });
+                }
+            }
+        }
+    }
+
+    fn raise(&self, quota: &QuotaRef, debt: Duration) {
+        let debt = u64::try_from(debt.as_nanos()).unwrap_or(u64::MAX);
+        // A state is a theoretical arrival time counted from its limiter's start.
+        let since = |started: C::Instant| -> u64 {
+            let d: Duration = self.clock.now().duration_since(started).into();
+            u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+        };
+        let keyed = |k: &KeyedLimit<C>, aic: &Aic| {
+            self.store
+                .raise(aic, k.slot, since(k.started).saturating_add(debt))
+        };
+        match quota {
+            QuotaRef::Aic(aic) => match self.overrides.get(aic) {
+                Some(d) => d.state.raise(since(d.started).saturating_add(debt)),
+                None => {
+                    if let Some(k) = &self.default {
+                        keyed(k, aic);
+                    }
+                }
+            },
+            QuotaRef::AicAtPartner(aic, name) => {
+                if let Some(k) = self.partners.get(&**name).and_then(|p| p.per_aic.as_ref()) {
+                    keyed(k, aic);
+                }
+            }
+            QuotaRef::PartnerTotal(name) => {
+                if let Some(d) = self.partners.get(&**name).and_then(|p| p.total.as_ref()) {
+                    d.state.raise(since(d.started).saturating_add(debt));
+                }
+            }
+        }
     }
 }
 
@@ -397,6 +531,7 @@ mod tests {
             .into(),
             partners,
             max_keys: 1000,
+            counting: false,
         });
         assert_eq!(
             (0..10).filter(|_| l.check(&special, None).is_ok()).count(),
@@ -473,6 +608,7 @@ mod tests {
             overrides: [(aic(9), rate(1.0, 1))].into(),
             partners,
             max_keys: 100,
+            counting: false,
         };
         let clock = FakeRelativeClock::default();
         let l: Arc<dyn Limiter> = Arc::new(GovernorLimiter::with_clock(&cfg, clock.clone()));
@@ -554,5 +690,75 @@ mod tests {
         l.sweep();
         assert_eq!(l.tracked(), 0);
         assert!(l.check(&a, Some("p")).is_ok());
+    }
+
+    /// Cluster sync (issue 12): every quota state counts what it admitted (refusals are
+    /// not counted), the count is taken once, and a shared debt raised into a state
+    /// refuses until it is paid, for keyed and unkeyed quotas alike.
+    #[test]
+    fn counts_are_taken_once_and_a_shared_debt_is_enforced() {
+        let rate = |per_second, burst| Rate { per_second, burst };
+        let special = aic(9);
+        let cfg = LimiterConfig {
+            default: Some(rate(1.0, 2)),
+            overrides: [(special, rate(10.0, 3))].into(),
+            partners: [(
+                "p".to_owned(),
+                PartnerRates {
+                    total: Some(rate(100.0, 100)),
+                    per_aic: Some(rate(1.0, 5)),
+                },
+            )]
+            .into(),
+            max_keys: 100,
+            counting: true,
+        };
+        let (l, clock) = limiter(cfg.clone());
+        let a = aic(1);
+        for _ in 0..3 {
+            let _ = l.check(&a, Some("p")); // 2 admitted, the third refused by aic_rate
+        }
+        assert!(l.check(&special, None).is_ok());
+        let mut hits = Vec::new();
+        l.take_hits(&mut hits);
+        let count = |q: &QuotaRef| hits.iter().find(|h| h.quota == *q).map(|h| h.count);
+        let p: Arc<str> = "p".into();
+        assert_eq!(count(&QuotaRef::Aic(a)), Some(2));
+        assert_eq!(count(&QuotaRef::Aic(special)), Some(1));
+        assert_eq!(count(&QuotaRef::AicAtPartner(a, p.clone())), Some(2));
+        assert_eq!(count(&QuotaRef::PartnerTotal(p.clone())), Some(2));
+        assert_eq!(hits.len(), 4, "{hits:?}");
+        let again = &mut Vec::new();
+        l.take_hits(again);
+        assert!(again.is_empty(), "taken once: {again:?}");
+
+        // Other instances spent `special`'s quota: 10 s of debt at 10/s, burst 3.
+        clock.advance(Duration::from_secs(60));
+        l.raise(&QuotaRef::Aic(special), Duration::from_secs(10));
+        assert_eq!(l.check(&special, None).unwrap_err().reason, "aic_rate");
+        clock.advance(Duration::from_millis(9_799));
+        assert!(l.check(&special, None).is_err(), "not yet within the burst");
+        clock.advance(Duration::from_millis(1));
+        assert!(l.check(&special, None).is_ok(), "paid down to the burst");
+        // A keyed state too; a smaller debt never lowers a state.
+        l.raise(
+            &QuotaRef::AicAtPartner(a, p.clone()),
+            Duration::from_secs(30),
+        );
+        l.raise(&QuotaRef::AicAtPartner(a, p), Duration::from_secs(1));
+        clock.advance(Duration::from_secs(2));
+        assert_eq!(
+            l.check(&a, Some("p")).unwrap_err().reason,
+            "aic_partner_rate"
+        );
+
+        // Without counting (local mode) nothing is counted.
+        let (local, _) = limiter(LimiterConfig {
+            counting: false,
+            ..cfg
+        });
+        assert!(local.check(&a, None).is_ok());
+        local.take_hits(again);
+        assert!(again.is_empty());
     }
 }

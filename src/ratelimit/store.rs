@@ -28,6 +28,20 @@ struct Inner<K: Hash + Eq> {
     map: DashMap<K, Box<[AtomicU64]>, ahash::RandomState>,
     len: AtomicUsize,
     slots: usize,
+    /// Whether each slot also counts the requests it admitted (cluster mode: the counts
+    /// are taken at every sync); the counts sit after the states, at `slots + slot`.
+    counting: bool,
+}
+
+impl<K: Hash + Eq> Inner<K> {
+    fn fresh_cells(&self) -> Box<[AtomicU64]> {
+        let n = if self.counting {
+            2 * self.slots
+        } else {
+            self.slots
+        };
+        (0..n).map(|_| AtomicU64::new(0)).collect()
+    }
 }
 
 /// The shared map of keys to their slots.
@@ -40,13 +54,38 @@ impl<K: Hash + Eq> Clone for CappedStore<K> {
 }
 
 impl<K: Hash + Eq + Clone> CappedStore<K> {
-    /// An empty store with `slots` states per key.
-    pub(crate) fn new(slots: usize) -> Self {
+    /// An empty store with `slots` states per key, counting admitted requests when
+    /// `counting`.
+    pub(crate) fn new(slots: usize, counting: bool) -> Self {
         CappedStore(Arc::new(Inner {
             map: DashMap::with_hasher(ahash::RandomState::new()),
             len: AtomicUsize::new(0),
             slots: slots.max(1),
+            counting,
         }))
+    }
+
+    /// Takes the admitted-request counts of slot `slot`: `f(key, count)` for each key that
+    /// admitted any since the last call.
+    pub(crate) fn take_hits(&self, slot: usize, mut f: impl FnMut(&K, u64)) {
+        let inner = &self.0;
+        if !inner.counting {
+            return;
+        }
+        for item in inner.map.iter() {
+            let n = item.value()[inner.slots + slot].swap(0, Ordering::AcqRel);
+            if n > 0 {
+                f(item.key(), n);
+            }
+        }
+    }
+
+    /// Raises `key`'s state in slot `slot` to at least `tat` (a key not tracked is left
+    /// alone: it admitted nothing here since it was swept).
+    pub(crate) fn raise(&self, key: &K, slot: usize, tat: u64) {
+        if let Some(cells) = self.0.map.get(key) {
+            cells[slot].fetch_max(tat, Ordering::AcqRel);
+        }
     }
 
     /// Keys tracked.
@@ -81,8 +120,7 @@ impl<K: Hash + Eq + Clone> CappedStore<K> {
             match inner.map.entry(item.key().clone()) {
                 Entry::Occupied(e) => e.get()[to_slot].store(moved, Ordering::Release),
                 Entry::Vacant(v) => {
-                    let cells: Box<[AtomicU64]> =
-                        (0..inner.slots).map(|_| AtomicU64::new(0)).collect();
+                    let cells = inner.fresh_cells();
                     cells[to_slot].store(moved, Ordering::Release);
                     v.insert(cells);
                     inner.len.fetch_add(1, Ordering::AcqRel);
@@ -97,6 +135,68 @@ impl<K: Hash + Eq + Clone> CappedStore<K> {
         SlotStore {
             store: self.clone(),
             slot,
+        }
+    }
+}
+
+/// The state of one unkeyed quota (an AIC's override, a Partner's total): governor's
+/// `InMemoryState`, plus the admitted-request count the cluster sync takes, shared so
+/// the sync can read it and raise the state while governor owns the limiter.
+#[derive(Clone)]
+pub(crate) struct SingleState(Arc<SingleCells>);
+
+struct SingleCells {
+    tat: AtomicU64,
+    hits: AtomicU64,
+    counting: bool,
+}
+
+impl SingleState {
+    /// A fresh state, counting admitted requests when `counting`.
+    pub(crate) fn new(counting: bool) -> Self {
+        SingleState(Arc::new(SingleCells {
+            tat: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+            counting,
+        }))
+    }
+
+    /// Takes the count of requests admitted since the last call.
+    pub(crate) fn take_hits(&self) -> u64 {
+        self.0.hits.swap(0, Ordering::AcqRel)
+    }
+
+    /// Raises the state to at least `tat`.
+    pub(crate) fn raise(&self, tat: u64) {
+        self.0.tat.fetch_max(tat, Ordering::AcqRel);
+    }
+}
+
+impl StateStore for SingleState {
+    type Key = governor::state::NotKeyed;
+
+    fn measure_and_replace<T, F, E>(&self, _key: &Self::Key, f: F) -> Result<T, E>
+    where
+        F: Fn(Option<Nanos>) -> Result<(T, Nanos), E>,
+    {
+        let cells = &self.0;
+        let mut prev = cells.tat.load(Ordering::Acquire);
+        loop {
+            let (t, next) = f((prev != 0).then(|| Nanos::from(prev)))?;
+            match cells.tat.compare_exchange_weak(
+                prev,
+                next.as_u64(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    if cells.counting {
+                        cells.hits.fetch_add(1, Ordering::AcqRel);
+                    }
+                    return Ok(t);
+                }
+                Err(p) => prev = p,
+            }
         }
     }
 }
@@ -127,7 +227,12 @@ impl<K: Hash + Eq + Clone> StateStore for SlotStore<K> {
                         Ordering::AcqRel,
                         Ordering::Acquire,
                     ) {
-                        Ok(_) => return Ok(t),
+                        Ok(_) => {
+                            if inner.counting {
+                                cells[inner.slots + self.slot].fetch_add(1, Ordering::AcqRel);
+                            }
+                            return Ok(t);
+                        }
                         Err(p) => prev = p,
                     }
                 }
@@ -135,9 +240,11 @@ impl<K: Hash + Eq + Clone> StateStore for SlotStore<K> {
             let (t, next) = f(None)?;
             match inner.map.entry(key.clone()) {
                 Entry::Vacant(v) => {
-                    let cells: Box<[AtomicU64]> =
-                        (0..inner.slots).map(|_| AtomicU64::new(0)).collect();
+                    let cells = inner.fresh_cells();
                     cells[self.slot].store(next.as_u64(), Ordering::Release);
+                    if inner.counting {
+                        cells[inner.slots + self.slot].store(1, Ordering::Release);
+                    }
                     v.insert(cells);
                     inner.len.fetch_add(1, Ordering::AcqRel);
                     return Ok(t);
@@ -153,6 +260,7 @@ impl<K: Hash + Eq + Clone> ShrinkableKeyedStateStore<K> for SlotStore<K> {
     fn retain_recent(&self, drop_below: Nanos) {
         let inner = &self.store.0;
         let below = drop_below.as_u64();
+        // A key with requests not yet synced stays (its count is non-zero).
         inner.map.retain(|_, cells| {
             let cell = &cells[self.slot];
             if cell.load(Ordering::Acquire) < below {

@@ -2,6 +2,7 @@
 //! Integration tests: real TLS and real HTTP on loopback, certificates generated here.
 
 mod auth;
+mod cluster;
 mod demo;
 mod embedded;
 mod enforcement;

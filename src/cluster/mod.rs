@@ -1,0 +1,256 @@
+//! Several gateway instances behind one load balancer, sharing state through Redis
+//! (`[cluster] mode = "redis"`); one instance keeps everything in memory (`local`, the
+//! default) and never touches this module's connection.
+//!
+//! What is shared, and how (README, "Running several instances"):
+//! - quotas (`ratelimit`): each instance decides locally, as in `local` mode, and every
+//!   `cluster.ratelimit.sync_interval` reports what it admitted per quota key to one
+//!   script, which keeps the shared GCRA state and answers each key's shared debt; the
+//!   instance raises its own state to it. No Redis round trip on the request path.
+//! - task owners (`tasks`): a `start` claims its `taskId` in Redis, so another AIC is
+//!   refused on every instance; owners learned from Redis are cached.
+//!
+//! Redis down or slow: every command is bounded by `command_timeout`; quotas then follow
+//! `on_error` (`local`: each instance on its own; `open`: not enforced; `closed`:
+//! refused), task owners fall back to the instance's own memory. Nothing waits past the
+//! timeout and nothing answers 5xx because of Redis.
+
+pub(crate) mod ratelimit;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use crate::metrics::Metrics;
+
+/// `[cluster] mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClusterMode {
+    /// One instance: all state in memory.
+    #[default]
+    Local,
+    /// Quotas and task owners shared through Redis.
+    Redis,
+}
+
+/// `[cluster] on_error`: what quotas do while Redis cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnClusterError {
+    /// Each instance enforces every quota on its own (at most N x the quota in all).
+    #[default]
+    Local,
+    /// Quotas are not enforced.
+    Open,
+    /// Requests under a quota are refused (-32029-style rate-limit error,
+    /// `cluster_unavailable`).
+    Closed,
+}
+
+/// `rediss://` files.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RedisTls {
+    /// CA bundle (none: the system's roots).
+    pub ca: Option<PathBuf>,
+    /// Client certificate and key.
+    pub client: Option<(PathBuf, PathBuf)>,
+}
+
+/// `[cluster]`, validated (meanings and defaults: `config::raw::RawCluster`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct ClusterSettings {
+    pub mode: ClusterMode,
+    pub redis_url: String,
+    pub tls: RedisTls,
+    pub key_prefix: String,
+    pub instance_id: String,
+    pub command_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub on_error: OnClusterError,
+    pub sync_interval: Duration,
+    pub max_keys_per_call: usize,
+}
+
+/// This instance's default name: host name and process id.
+pub(crate) fn default_instance_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "aipgw".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// Why a Redis command failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ClusterError {
+    /// No answer within `command_timeout`.
+    #[error("no answer from Redis within {0:?}")]
+    Timeout(Duration),
+    /// Redis or the connection said no.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+}
+
+/// The connection to Redis and what this instance knows of its health.
+pub struct Cluster {
+    settings: ClusterSettings,
+    client: redis::Client,
+    conn: tokio::sync::OnceCell<ConnectionManager>,
+    up: AtomicBool,
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("redis_url", &self.settings.redis_url)
+            .field("up", &self.is_up())
+            .finish()
+    }
+}
+
+impl Cluster {
+    /// The cluster for `settings`: `None` in `local` mode. Reads the TLS files; connects
+    /// only when first used (a gateway starts while Redis is down, and follows
+    /// `on_error` until it is back).
+    pub fn new(
+        settings: &ClusterSettings,
+        metrics: Arc<Metrics>,
+    ) -> anyhow::Result<Option<Arc<Cluster>>> {
+        if settings.mode == ClusterMode::Local {
+            return Ok(None);
+        }
+        let client = client(settings)?;
+        metrics.cluster_redis_up.set(0);
+        Ok(Some(Arc::new(Cluster {
+            settings: settings.clone(),
+            client,
+            conn: tokio::sync::OnceCell::new(),
+            up: AtomicBool::new(false),
+            metrics,
+        })))
+    }
+
+    /// The settings it was built from.
+    pub fn settings(&self) -> &ClusterSettings {
+        &self.settings
+    }
+
+    /// Whether the last command succeeded.
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Acquire)
+    }
+
+    fn set_up(&self, up: bool) {
+        if self.up.swap(up, Ordering::AcqRel) != up {
+            if up {
+                tracing::info!(url = %self.settings.redis_url, "redis reachable: shared state on");
+            } else {
+                tracing::warn!(url = %self.settings.redis_url, on_error = ?self.settings.on_error, "redis unreachable: falling back");
+            }
+        }
+        self.metrics.cluster_redis_up.set(i64::from(up));
+    }
+
+    /// A key: the configured prefix first (so ACL key patterns can name the gateway's
+    /// keys), then hash tag `tag` under the prefix (keys one script touches share a tag,
+    /// so they sit in one slot of a Redis Cluster), then `rest`.
+    pub(crate) fn key(&self, tag: &str, rest: &str) -> String {
+        let p = &self.settings.key_prefix;
+        format!("{p}{{{p}{tag}}}:{rest}")
+    }
+
+    /// Runs one Redis operation (`op` names it in `aipgw_redis_errors_total`), bounded
+    /// by `command_timeout` (connecting included), and records the outcome in the health
+    /// flag.
+    pub(crate) async fn call<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T, ClusterError>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: Future<Output = Result<T, redis::RedisError>>,
+    {
+        let timeout = self.settings.command_timeout;
+        let run = async {
+            let conn = self
+                .conn
+                .get_or_try_init(|| async {
+                    let cfg = ConnectionManagerConfig::new()
+                        .set_connection_timeout(Some(self.settings.connect_timeout))
+                        .set_response_timeout(Some(timeout))
+                        .set_max_delay(Duration::from_secs(2))
+                        .set_number_of_retries(usize::MAX);
+                    ConnectionManager::new_lazy_with_config(self.client.clone(), cfg)
+                })
+                .await?
+                .clone();
+            f(conn).await
+        };
+        let result = match tokio::time::timeout(timeout, run).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(ClusterError::Redis(e)),
+            Err(_) => Err(ClusterError::Timeout(timeout)),
+        };
+        match &result {
+            Ok(_) => self.set_up(true),
+            Err(e) => {
+                tracing::debug!(op, error = %e, "redis command failed");
+                self.metrics
+                    .redis_errors
+                    .get_or_create(&crate::metrics::OpLabels { op })
+                    .inc();
+                // A script error is Redis answering: it is up, the call failed.
+                let answered = matches!(e, ClusterError::Redis(r) if r.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError));
+                self.set_up(answered);
+            }
+        }
+        result
+    }
+
+    /// Checks that Redis answers (`PING`).
+    pub(crate) async fn ping(&self) -> Result<(), ClusterError> {
+        self.call("ping", |mut c| async move {
+            redis::cmd("PING").query_async::<()>(&mut c).await
+        })
+        .await
+    }
+}
+
+fn client(settings: &ClusterSettings) -> anyhow::Result<redis::Client> {
+    let url = settings.redis_url.as_str();
+    if !url.starts_with("rediss://") {
+        return redis::Client::open(url)
+            .with_context(|| format!("cluster.redis_url: {url:?} is not a Redis URL"));
+    }
+    let read = |p: &PathBuf, key: &str| {
+        std::fs::read(p).with_context(|| format!("cluster.{key}: cannot read {}", p.display()))
+    };
+    let client_tls = match &settings.tls.client {
+        Some((cert, key)) => Some(redis::ClientTlsConfig {
+            client_cert: read(cert, "tls_cert")?,
+            client_key: read(key, "tls_key")?,
+        }),
+        None => None,
+    };
+    let root_cert = settings
+        .tls
+        .ca
+        .as_ref()
+        .map(|p| read(p, "tls_ca"))
+        .transpose()?;
+    redis::Client::build_with_tls(
+        url,
+        redis::TlsCertificates {
+            client_tls,
+            root_cert,
+        },
+    )
+    .with_context(|| format!("cluster.redis_url: {url:?} with its TLS files"))
+}

@@ -1,0 +1,118 @@
+//! Shared quotas: decide locally, reconcile in batches.
+//!
+//! Every instance keeps deciding with its own GCRA states (no Redis round trip per
+//! request). Every `cluster.ratelimit.sync_interval` it takes the requests each quota
+//! state admitted since the last sync (`Limiter::take_hits`) and sends them, in one script
+//! call per `max_keys_per_call` keys, to Redis, which keeps one GCRA state per quota key:
+//! its theoretical arrival time (TAT), in microseconds of Redis's own clock (`TIME`), so
+//! the instances' clocks never meet. The script charges each key's hits, and answers how
+//! far its TAT is ahead of now: the debt every instance together ran up. Each instance
+//! raises its own state to that debt (`Limiter::raise`).
+//!
+//! Over time the admitted rate is exact; between syncs each instance decides alone, so a
+//! caller spraying N instances can get ahead by about (N - 1) x (burst + rate x
+//! sync_interval) before the debt comes back (README, "Running several instances").
+//!
+//! A failed sync (Redis down, slow, or restarted empty) drops that interval's counts:
+//! the instance has enforced them locally, and charging them later would punish callers
+//! for Redis's outage. Once Redis answers again, syncing resumes at the next interval.
+
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use super::{Cluster, ClusterError};
+use crate::ratelimit::{Hits, Limiter, QuotaRef};
+
+/// Per key: `ARGV` = hits, microseconds per request. Returns each key's debt (TAT ahead
+/// of now) in microseconds. A key expires when its state is fresh again.
+const SYNC_SCRIPT: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local out = {}
+for i, key in ipairs(KEYS) do
+  local hits = tonumber(ARGV[2 * i - 1])
+  local period = tonumber(ARGV[2 * i])
+  local tat = tonumber(redis.call('GET', key) or '0')
+  if tat < now then tat = now end
+  tat = tat + hits * period
+  local ahead = tat - now
+  redis.call('SET', key, string.format('%.0f', tat), 'PX', math.floor(ahead / 1000) + 1000)
+  out[i] = math.floor(ahead)
+end
+return out
+"#;
+
+static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(SYNC_SCRIPT));
+
+/// The Redis key of a quota state: every quota key under one hash tag, so one script
+/// call can touch them all on a Redis Cluster too (the sync is one call per instance per
+/// interval; a shard carries that easily).
+pub(crate) fn quota_key(cluster: &Cluster, quota: &QuotaRef) -> String {
+    let rest = match quota {
+        QuotaRef::Aic(aic) => format!("aic:{aic}"),
+        QuotaRef::AicAtPartner(aic, partner) => format!("at:{partner}:{aic}"),
+        QuotaRef::PartnerTotal(partner) => format!("total:{partner}"),
+    };
+    cluster.key("rl", &rest)
+}
+
+/// Sends `hits` and answers each one's shared debt, in order.
+pub(crate) async fn sync_once(
+    cluster: &Cluster,
+    hits: &[Hits],
+) -> Result<Vec<Duration>, ClusterError> {
+    let mut debts = Vec::with_capacity(hits.len());
+    for chunk in hits.chunks(cluster.settings.max_keys_per_call.max(1)) {
+        let mut call = SCRIPT.prepare_invoke();
+        for h in chunk {
+            call.key(quota_key(cluster, &h.quota))
+                .arg(h.count)
+                .arg(1e6 / h.rate.per_second);
+        }
+        let answer: Vec<i64> = cluster
+            .call("ratelimit_sync", |mut c| async move {
+                call.invoke_async(&mut c).await
+            })
+            .await?;
+        debts.extend(
+            answer
+                .into_iter()
+                .map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0))),
+        );
+    }
+    Ok(debts)
+}
+
+/// The sync, every `sync_interval`, for the limiter `current` answers (the current
+/// snapshot's: a reload may replace it); a `PING` when nothing was admitted, so the health
+/// flag stays true to Redis.
+pub(crate) async fn sync_loop(cluster: Arc<Cluster>, current: impl Fn() -> Arc<dyn Limiter>) {
+    let mut tick = tokio::time::interval(cluster.settings.sync_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut batch = Vec::new();
+    loop {
+        tick.tick().await;
+        let limiter = current();
+        batch.clear();
+        limiter.take_hits(&mut batch);
+        if batch.is_empty() {
+            let _ = cluster.ping().await;
+            continue;
+        }
+        let started = Instant::now();
+        match sync_once(&cluster, &batch).await {
+            Ok(debts) => {
+                for (h, debt) in batch.iter().zip(debts) {
+                    limiter.raise(&h.quota, debt);
+                }
+                cluster
+                    .metrics
+                    .ratelimit_sync_seconds
+                    .observe(started.elapsed().as_secs_f64());
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, keys = batch.len(), "quota sync failed; counts dropped");
+            }
+        }
+    }
+}
