@@ -16,6 +16,7 @@
 //! timeout and nothing answers 5xx because of Redis.
 
 pub(crate) mod ratelimit;
+pub(crate) mod tasks;
 
 use std::future::Future;
 use std::path::PathBuf;

@@ -144,6 +144,8 @@ pub struct State {
     pub call: Option<Call>,
     /// A `start`'s provisional task claim (`Policy`).
     pub claim: Option<PendingClaim>,
+    /// What `Owners` must ask Redis (cluster mode; `Policy`).
+    pub owner_lookup: Option<super::owners::OwnerLookup>,
     /// The Partner in-flight permit (`Permit`).
     pub permit: Option<InFlightPermit>,
 }
@@ -210,6 +212,7 @@ impl State {
             route: None,
             call: None,
             claim: None,
+            owner_lookup: None,
             permit: None,
         }
     }

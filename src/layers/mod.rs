@@ -13,6 +13,7 @@
 //! Envelope       borrowed parse (the id to echo), semantics, path method, generation
 //! CatchPanic     a later panic answers -32603 with the id
 //! Policy         senderId binding, role, access rules, task ownership
+//! Owners         cluster mode: a new claim, or an owner unknown here, asked of Redis
 //! Permit         Partner in-flight permit, held until the answer ends
 //! Forward        the gateway: the same Bytes to the Partner, the answer relayed
 //!   or Handoff   a Partner embedding the path: its own handler
@@ -42,6 +43,7 @@ mod envelope;
 mod exchange;
 mod forward;
 mod handoff;
+mod owners;
 mod permit;
 mod policy;
 mod quota;
@@ -65,6 +67,7 @@ pub use envelope::{Envelope, EnvelopeLayer, EnvelopeStep};
 pub use exchange::{missing_step, Call, ConnInfo, Exchange, Outcome, Refusal, Reply, State, Text};
 pub use forward::{upstream_headers, upstream_request, Forward};
 pub use handoff::{Caller, Handler, HandlerBody, Handoff};
+pub use owners::{Asking, OwnerLookup, Owners, OwnersLayer};
 pub use permit::{Permit, PermitLayer, PermitStep};
 pub use policy::{Policy, PolicyLayer, PolicyStep};
 pub use quota::{Quota, QuotaLayer, QuotaStep};
@@ -78,7 +81,11 @@ use crate::gateway::Gateway;
 
 /// The whole request path ending in `last` ([`Forward`] or a [`Handoff`]).
 pub type Stack<S> = SetSensitiveRequestHeaders<
-    Respond<Trace<Authenticate<Route<Quota<ReadBody<Envelope<CatchPanic<Policy<Permit<S>>>>>>>>>>,
+    Respond<
+        Trace<
+            Authenticate<Route<Quota<ReadBody<Envelope<CatchPanic<Policy<Owners<Permit<S>>>>>>>>>,
+        >,
+    >,
 >;
 
 /// The request headers marked sensitive: they are passed on, but never printed in a
@@ -107,6 +114,7 @@ pub fn stack<S>(gateway: Arc<Gateway>, conn: Arc<ConnInfo>, last: S) -> Stack<S>
         .layer(EnvelopeLayer::new())
         .layer(CatchPanicLayer)
         .layer(PolicyLayer::new())
+        .layer(OwnersLayer)
         .layer(PermitLayer::new())
         .service(last)
 }

@@ -1,16 +1,19 @@
 //! `Policy`: who may call what. `params.message.senderId` must be the caller's own AIC
 //! (and a `group` invitation's leader too), then the sender role, the Partner's access
 //! rules, and task ownership: a `start` claims its task provisionally (kept only if the
-//! Partner accepts it), other commands must come from the task's owner.
+//! Partner accepts it), other commands must come from the task's owner. In cluster mode
+//! what needs Redis (a new claim, an owner not known here) is left to `Owners`.
 
 use bytes::Bytes;
 
 use super::check::{Check, CheckLayer, Checked, Refuse};
 use super::exchange::{missing_step, Exchange, Text};
+use super::owners::OwnerLookup;
 use crate::error::GatewayError;
 use crate::identity::Aic;
 use crate::jsonrpc::envelope::EnvelopeError;
-use crate::policy::tasks::check_task;
+use crate::jsonrpc::Method;
+use crate::policy::tasks::{check_task, is_start};
 
 /// The step (see the module documentation).
 pub enum PolicyStep {}
@@ -46,6 +49,18 @@ fn check(x: &mut Exchange<Bytes>) -> Result<(), GatewayError> {
     partner
         .access
         .check(&caller.aic, call.method, &partner.name)?;
+    let task = text(&call.task_id, body);
+    let clustered = x.snap.cluster.is_some();
+    // Cluster mode: an owner this instance does not know may be known to Redis; the
+    // `Owners` step asks before the unknown-task rule applies.
+    let ask = clustered
+        && call.method != Method::Group
+        && !is_start(call.method, call.command)
+        && task.is_some_and(|t| x.snap.tasks.owner(&partner.name, t).is_none());
+    if ask {
+        x.owner_lookup = Some(OwnerLookup::Check);
+        return Ok(());
+    }
     // A `start`'s claim is provisional until the Partner accepts it.
     x.claim = check_task(
         &x.snap.tasks,
@@ -54,9 +69,13 @@ fn check(x: &mut Exchange<Bytes>) -> Result<(), GatewayError> {
         &caller.aic,
         call.method,
         call.command,
-        text(&call.task_id, body),
+        task,
         text(&call.session_id, body),
     )?;
+    if clustered && x.claim.is_some() {
+        // New here: claimed in Redis too before it is forwarded.
+        x.owner_lookup = Some(OwnerLookup::Claim);
+    }
     Ok(())
 }
 

@@ -326,6 +326,8 @@ pub struct PendingClaim {
     task: Box<str>,
     aic: Aic,
     confirmed: bool,
+    /// Also run on release (cluster mode: the claim taken in Redis goes too).
+    on_release: Option<Box<dyn FnOnce() + Send + Sync>>,
 }
 
 impl PendingClaim {
@@ -333,13 +335,46 @@ impl PendingClaim {
     pub fn confirm(mut self) {
         self.confirmed = true;
     }
+
+    /// Runs `f` too if the claim is released.
+    pub fn also_on_release(&mut self, f: Box<dyn FnOnce() + Send + Sync>) {
+        self.on_release = Some(f);
+    }
 }
 
 impl Drop for PendingClaim {
     fn drop(&mut self) {
         if !self.confirmed {
             self.owners.release(&self.partner, &self.task, &self.aic);
+            if let Some(f) = self.on_release.take() {
+                f();
+            }
         }
+    }
+}
+
+/// Whether the call is a `start` (which claims its task rather than being checked).
+pub(crate) fn is_start(
+    method: crate::jsonrpc::Method,
+    command: Option<crate::jsonrpc::Command>,
+) -> bool {
+    method.carries_message() && command == Some(crate::jsonrpc::Command::Start)
+}
+
+/// The refusal of a command on a task another AIC owns.
+pub(crate) fn not_task_owner(task: &str, owner: &Aic, aic: &Aic) -> crate::error::GatewayError {
+    crate::error::GatewayError::Forbidden {
+        reason: "not_task_owner",
+        detail: format!("task {task:?} belongs to {owner}, not {aic}"),
+    }
+}
+
+/// The refusal of a command on a task without a known owner (`policy.tasks.unknown =
+/// "refuse"`).
+pub(crate) fn unknown_task(task: &str) -> crate::error::GatewayError {
+    crate::error::GatewayError::Forbidden {
+        reason: "unknown_task",
+        detail: format!("task {task:?} has no known owner"),
     }
 }
 
@@ -366,16 +401,13 @@ pub fn check_task(
     task_id: Option<&str>,
     session: Option<&str>,
 ) -> Result<Option<PendingClaim>, crate::error::GatewayError> {
-    use crate::jsonrpc::{Command, Method};
+    use crate::jsonrpc::Method;
     let Some(task) = task_id else { return Ok(None) };
     if method == Method::Group {
         return Ok(None);
     }
-    let not_owner = |owner: Aic| crate::error::GatewayError::Forbidden {
-        reason: "not_task_owner",
-        detail: format!("task {task:?} belongs to {owner}, not {aic}"),
-    };
-    if method.carries_message() && command == Some(Command::Start) {
+    let not_owner = |owner: Aic| not_task_owner(task, &owner, aic);
+    if is_start(method, command) {
         return match owners.claim(partner, task, aic, session) {
             Ok(Claimed::Held) => Ok(None),
             Ok(Claimed::New) => Ok(Some(PendingClaim {
@@ -384,6 +416,7 @@ pub fn check_task(
                 task: task.into(),
                 aic: *aic,
                 confirmed: false,
+                on_release: None,
             })),
             Err(owner) => Err(not_owner(owner)),
         };
@@ -391,10 +424,7 @@ pub fn check_task(
     match owners.owner(partner, task) {
         Some(owner) if owner != *aic => Err(not_owner(owner)),
         Some(_) => Ok(None),
-        None if unknown == UnknownTask::Refuse => Err(crate::error::GatewayError::Forbidden {
-            reason: "unknown_task",
-            detail: format!("task {task:?} has no known owner"),
-        }),
+        None if unknown == UnknownTask::Refuse => Err(unknown_task(task)),
         None => Ok(None),
     }
 }

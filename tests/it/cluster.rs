@@ -363,3 +363,82 @@ async fn a_reload_cannot_change_the_cluster_settings() {
         "redis://127.0.0.1:1"
     );
 }
+
+/// Issue test 4: a task started through one instance belongs to its AIC on every
+/// instance: another AIC is refused on the second (-32009), the owner is let through,
+/// and a start the Partner refused leaves no claim behind in Redis.
+#[tokio::test]
+async fn a_task_started_on_one_instance_is_owned_on_every_instance() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let pki = Pki::new();
+    let partner = TestPartner::start(Behaviour::RefuseFrom("refused-task")).await;
+    let text = pki.config(
+        "",
+        &cluster(&redis, "", &partner_block("p", "/p", &partner.url(), "")),
+    );
+    let (a, b) = (start_gateway(&text).await, start_gateway(&text).await);
+    let (la, lb) = (pki.leader(LEADER_A, false), pki.leader(LEADER_B, false));
+    let cancel = |id: &str, sender: &str, task: &str| {
+        rpc_start(id, sender, task).replace("\"start\"", "\"cancel\"")
+    };
+    let r = la
+        .post(a.addr, "/p/rpc", &rpc_start("1", LEADER_A, "t1"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    // Through B, which has never seen t1: another AIC's cancel, and its own start.
+    let r = lb
+        .post(b.addr, "/p/rpc", &cancel("2", LEADER_B, "t1"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(r.error(), (-32009, "not_task_owner".into()));
+    assert_eq!(r.json()["id"], 2);
+    let r = lb
+        .post(b.addr, "/p/rpc", &rpc_start("3", LEADER_B, "t1"))
+        .await
+        .unwrap();
+    assert_eq!(r.error(), (-32009, "not_task_owner".into()));
+    // The owner, through B.
+    let r = la
+        .post(b.addr, "/p/rpc", &cancel("4", LEADER_A, "t1"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let seen: Vec<String> = partner
+        .seen()
+        .iter()
+        .map(|s| String::from_utf8_lossy(&s.body).into_owned())
+        .collect();
+    assert!(
+        !seen.iter().any(|b| b.contains(LEADER_B)),
+        "nothing of B's caller reached the Partner"
+    );
+
+    // A start the Partner refuses: its claim goes from Redis too.
+    let r = la
+        .post(a.addr, "/p/rpc", &rpc_start("5", LEADER_A, "refused-task"))
+        .await
+        .unwrap();
+    assert_ne!(r.status, 200);
+    let key = format!(
+        "aipgw:{{aipgw:task:1:p:{}:refused-task}}:owner",
+        "refused-task".len()
+    );
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while redis.cmd(&["EXISTS", &key]) != redis::Value::Int(0) {
+        assert!(
+            Instant::now() < deadline,
+            "the refused start's claim stayed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let key = "aipgw:{aipgw:task:1:p:2:t1}:owner";
+    assert_eq!(
+        redis.cmd(&["GET", key]),
+        redis::Value::BulkString(LEADER_A.as_bytes().to_vec())
+    );
+}

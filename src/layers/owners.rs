@@ -1,0 +1,164 @@
+//! `Owners`: in cluster mode, task ownership that needs Redis. A `start` that claimed its
+//! task here claims it in Redis before it is forwarded (another AIC's claim there wins:
+//! -32009 `not_task_owner`); a command on a task this instance has no owner for asks
+//! Redis for one (cached here when found), and only then does `policy.tasks.unknown`
+//! apply. Redis down or slow (`cluster.command_timeout`): the instance's own owners
+//! decide, as in local mode. In local mode, and for every request `Policy` settled, the
+//! step is a pass-through: the next step's future, unboxed.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use tower::{Layer, Service};
+
+use super::exchange::{missing_step, Exchange, Refusal, Reply};
+use crate::cluster::{tasks, Cluster};
+use crate::policy::tasks::{not_task_owner, unknown_task, UnknownTask};
+
+/// What `Policy` left for this step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnerLookup {
+    /// A new claim here: take it in Redis too.
+    Claim,
+    /// No owner known here: ask Redis.
+    Check,
+}
+
+/// See the module documentation.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OwnersLayer;
+
+impl<S> Layer<S> for OwnersLayer {
+    type Service = Owners<S>;
+    fn layer(&self, inner: S) -> Owners<S> {
+        Owners { inner }
+    }
+}
+
+/// See the module documentation.
+#[derive(Clone, Debug)]
+pub struct Owners<S> {
+    inner: S,
+}
+
+pin_project_lite::pin_project! {
+    #[allow(missing_docs)] // pin-project-lite takes no field docs; the variants say it
+    /// `Owners`' future: the next step's, or (asking Redis) a boxed one.
+    #[project = AskingProj]
+    pub enum Asking<F> {
+        /// Nothing to ask: the next step's future.
+        Next {
+            #[pin] next: F,
+        },
+        /// Redis first, then the next step.
+        Asking {
+            fut: Pin<Box<dyn Future<Output = Result<Reply, Refusal>> + Send>>,
+        },
+    }
+}
+
+impl<F> Future for Asking<F>
+where
+    F: Future<Output = Result<Reply, Refusal>>,
+{
+    type Output = Result<Reply, Refusal>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            AskingProj::Next { next } => next.poll(cx),
+            AskingProj::Asking { fut } => fut.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<S> Service<Exchange<Bytes>> for Owners<S>
+where
+    S: Service<Exchange<Bytes>, Response = Reply, Error = Refusal> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Reply;
+    type Error = Refusal;
+    type Future = Asking<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Refusal>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut x: Exchange<Bytes>) -> Self::Future {
+        let (Some(lookup), Some(cluster)) = (x.owner_lookup.take(), x.snap.cluster.clone()) else {
+            return Asking::Next {
+                next: self.inner.call(x),
+            };
+        };
+        // The service that was polled ready goes with the request; a clone stays.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        Asking::Asking {
+            fut: Box::pin(async move {
+                let x = ask(x, lookup, cluster).await?;
+                inner.call(x).await
+            }),
+        }
+    }
+}
+
+async fn ask(
+    mut x: Exchange<Bytes>,
+    lookup: OwnerLookup,
+    cluster: Arc<Cluster>,
+) -> Result<Exchange<Bytes>, Refusal> {
+    let (Some(caller), Some(route), Some(call)) = (&x.caller, &x.route, &x.call) else {
+        return Err(x.refuse(missing_step()));
+    };
+    let aic = caller.aic;
+    let partner = route.partner.config.name.clone();
+    let Some(task) = call.task_id.as_ref().map(|t| t.get(&x.body).to_owned()) else {
+        return Err(x.refuse(missing_step()));
+    };
+    let tasks_policy = &x.snap.config.tasks;
+    match lookup {
+        OwnerLookup::Claim => {
+            match tasks::claim(&cluster, &partner, &task, &aic, tasks_policy.ttl).await {
+                Ok(owner) if owner == aic => {
+                    if let Some(claim) = x.claim.as_mut() {
+                        let (c, p, t) = (cluster.clone(), partner.clone(), task.clone());
+                        claim.also_on_release(Box::new(move || {
+                            tokio::spawn(async move {
+                                let _ = tasks::release(&c, &p, &t, &aic).await;
+                            });
+                        }));
+                    }
+                    Ok(x)
+                }
+                Ok(owner) => {
+                    // Another instance's caller holds it: this claim goes, the owner is cached.
+                    drop(x.claim.take());
+                    let _ = x.snap.tasks.claim(&partner, &task, &owner, None);
+                    Err(x.refuse(not_task_owner(&task, &owner, &aic)))
+                }
+                // Redis unreachable: the claim taken here stands (local mode's rule).
+                Err(_) => Ok(x),
+            }
+        }
+        OwnerLookup::Check => {
+            let unknown = tasks_policy.unknown;
+            match tasks::owner(&cluster, &partner, &task).await {
+                Ok(Some(owner)) => {
+                    let _ = x.snap.tasks.claim(&partner, &task, &owner, None);
+                    if owner == aic {
+                        Ok(x)
+                    } else {
+                        Err(x.refuse(not_task_owner(&task, &owner, &aic)))
+                    }
+                }
+                Ok(None) | Err(_) if unknown == UnknownTask::Refuse => {
+                    Err(x.refuse(unknown_task(&task)))
+                }
+                Ok(None) | Err(_) => Ok(x),
+            }
+        }
+    }
+}
