@@ -147,7 +147,7 @@ def wait_listening(port, name, log_dir):
     die(f"{name} is not listening on {port} (see {log_dir / (name + '.log')})")
 
 
-def aipgw_config(d, port, backend, resumption):
+def aipgw_config(d, port, backend, resumption, extra=""):
     path = d / f"aipgw-{port}.toml"
     path.write_text(
         f"""
@@ -176,6 +176,7 @@ bind = "127.0.0.1:{free_port()}"
 name = "load"
 prefix = "/aip"
 upstreams = ["http://127.0.0.1:{backend}"]
+{extra}
 """
     )
     return path
@@ -257,7 +258,7 @@ backend be
     return path
 
 
-def start_proxy(name, binary, d, backend, resumption):
+def start_proxy(name, binary, d, backend, resumption, extra=""):
     port = free_port()
     if name == "nginx":
         argv = [tool("nginx"), "-c", str(nginx_config(d, port, backend, resumption))]
@@ -274,7 +275,7 @@ def start_proxy(name, binary, d, backend, resumption):
             "--ca", str(d / "ca.pem"), "--crl", str(d / "crl.pem"),
         ] + ([] if resumption else ["--no-resumption"])
         return Proc(name, argv, PROXY_CPU, d)
-    argv = [binary, "run", "--config", str(aipgw_config(d, port, backend, resumption))]
+    argv = [binary, "run", "--config", str(aipgw_config(d, port, backend, resumption, extra))]
     return Proc(name, argv, PROXY_CPU, d, wait_port=port)
 
 
@@ -358,16 +359,16 @@ def measure(proxy, d, mode, duration, conns):
 
 def run_mode(mode, proxies, d, backend, args):
     resumption = mode != "handshake"
-    rows = {name: [] for name, _ in proxies}
+    rows = {name: [] for name, _, _ in proxies}
     started = {}
     try:
-        for name, binary in proxies:
-            started[name] = start_proxy(name, binary, d, backend, resumption)
-        for name, _ in proxies:  # warm up: pools, TLS caches, page faults
+        for name, binary, extra in proxies:
+            started[name] = start_proxy(name, binary, d, backend, resumption, extra)
+        for name, _, _ in proxies:  # warm up: pools, TLS caches, page faults
             measure(started[name], d, mode, 2, args.connections)
         for r in range(args.rounds):
             order = proxies[r % len(proxies):] + proxies[: r % len(proxies)]
-            for name, _ in order:
+            for name, _, _ in order:
                 rows[name].append(measure(started[name], d, mode, args.duration, args.connections))
     finally:
         for p in started.values():
@@ -410,7 +411,8 @@ def main():
     ap.add_argument("--duration", type=int, default=10, help="seconds per run")
     ap.add_argument("--connections", type=int, default=32)
     ap.add_argument("--events", type=int, default=1000, help="events per stream (--sse)")
-    ap.add_argument("--gateway", action="append", default=[], help="LABEL=PATH of another aipgw binary")
+    ap.add_argument("--gateway", action="append", default=[], help="LABEL=PATH[@TOML] of another aipgw binary; TOML is appended to its config "
+                    "(e.g. a [cluster] section, to compare cluster mode with local mode)")
     ap.add_argument("--only", default="aipgw,nginx,haproxy,bare", help='comma-separated; "" for none but --gateway')
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--install", action="store_true")
@@ -427,8 +429,11 @@ def main():
     for n in only:
         if n not in ("aipgw", "nginx", "haproxy", "bare"):
             die(f"--only: {n!r} is not one of aipgw, nginx, haproxy, bare")
-    proxies = [(n, str(RELEASE / "aipgw") if n == "aipgw" else None) for n in only]
-    proxies += [tuple(g.split("=", 1)) for g in args.gateway]
+    proxies = [(n, str(RELEASE / "aipgw") if n == "aipgw" else None, "") for n in only]
+    for g in args.gateway:
+        label, rest = g.split("=", 1)
+        binary, _, extra = rest.partition("@")
+        proxies.append((label, binary, Path(extra).read_text() if extra else ""))
     with tempfile.TemporaryDirectory(prefix="aipgw-load-") as tmp:
         d = Path(tmp)
         subprocess.run([str(RELEASE / "aipgw"), "dev-certs", "--out", str(d)], check=True, capture_output=True)
