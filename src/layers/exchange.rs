@@ -124,6 +124,15 @@ pub struct Exchange<B> {
     pub state: Box<State>,
 }
 
+/// What `Policy` leaves for `Owners` (cluster mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnerLookup {
+    /// A new claim here: take it in Redis too.
+    Claim,
+    /// No owner known here: ask Redis.
+    Check,
+}
+
 /// What the steps know of a request, besides its body.
 pub struct State {
     /// Method, URI, version and headers, as received.
@@ -145,7 +154,7 @@ pub struct State {
     /// A `start`'s provisional task claim (`Policy`).
     pub claim: Option<PendingClaim>,
     /// What `Owners` must ask Redis (cluster mode; `Policy`).
-    pub owner_lookup: Option<super::owners::OwnerLookup>,
+    pub owner_lookup: Option<OwnerLookup>,
     /// The Partner in-flight permit (`Permit`).
     pub permit: Option<InFlightPermit>,
 }

@@ -64,10 +64,12 @@ pub use authenticate::{Authenticate, AuthenticateLayer, AuthenticateStep};
 pub use catch_panic::{CatchPanic, CatchPanicLayer};
 pub use check::{refuse_stream, Check, CheckLayer, Checked, RefusalBody, Refuse};
 pub use envelope::{Envelope, EnvelopeLayer, EnvelopeStep};
-pub use exchange::{missing_step, Call, ConnInfo, Exchange, Outcome, Refusal, Reply, State, Text};
+pub use exchange::{
+    missing_step, Call, ConnInfo, Exchange, Outcome, OwnerLookup, Refusal, Reply, State, Text,
+};
 pub use forward::{upstream_headers, upstream_request, Forward};
 pub use handoff::{Caller, Handler, HandlerBody, Handoff};
-pub use owners::{Asking, OwnerLookup, Owners, OwnersLayer};
+pub use owners::{Asking, Owners, OwnersLayer};
 pub use permit::{Permit, PermitLayer, PermitStep};
 pub use policy::{Policy, PolicyLayer, PolicyStep};
 pub use quota::{Quota, QuotaLayer, QuotaStep};

@@ -14,18 +14,9 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use tower::{Layer, Service};
 
-use super::exchange::{missing_step, Exchange, Refusal, Reply};
+use super::exchange::{missing_step, Exchange, OwnerLookup, Refusal, Reply};
 use crate::cluster::{tasks, Cluster};
 use crate::policy::tasks::{not_task_owner, unknown_task, UnknownTask};
-
-/// What `Policy` left for this step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OwnerLookup {
-    /// A new claim here: take it in Redis too.
-    Claim,
-    /// No owner known here: ask Redis.
-    Check,
-}
 
 /// See the module documentation.
 #[derive(Clone, Copy, Debug, Default)]

@@ -7,8 +7,7 @@
 use bytes::Bytes;
 
 use super::check::{Check, CheckLayer, Checked, Refuse};
-use super::exchange::{missing_step, Exchange, Text};
-use super::owners::OwnerLookup;
+use super::exchange::{missing_step, Exchange, OwnerLookup, Text};
 use crate::error::GatewayError;
 use crate::identity::Aic;
 use crate::jsonrpc::envelope::EnvelopeError;
