@@ -7,17 +7,40 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::support::*;
+use aipgw::devcerts::CertSpec;
 
 /// A `redis-server` of the test's own, on a free port, without persistence.
 pub struct RedisServer {
     child: Option<Child>,
     pub port: u16,
     dir: tempfile::TempDir,
+    /// TLS only: CA, server certificate and key, the harness's own client certificate
+    /// and key (clients must show a certificate of the CA).
+    tls: Option<[std::path::PathBuf; 5]>,
 }
 
 impl RedisServer {
     /// Starts one; `None` (the test skips) when the binary is missing outside CI.
     pub fn start() -> Option<RedisServer> {
+        RedisServer::start_with(None)
+    }
+
+    /// One that speaks TLS only, with the gateway's certificate from `pki`, and asks
+    /// clients for a certificate of `pki`'s CA.
+    pub fn start_tls(pki: &Pki) -> Option<RedisServer> {
+        let dir = pki.dir.path();
+        let (cert, key) =
+            pki.write_pair("redis-harness", &pki.issue(&CertSpec::leader_v2(LEADER_B)));
+        RedisServer::start_with(Some([
+            pki.ca_pem.clone(),
+            dir.join("gateway.pem"),
+            dir.join("gateway.key"),
+            cert,
+            key,
+        ]))
+    }
+
+    fn start_with(tls: Option<[std::path::PathBuf; 5]>) -> Option<RedisServer> {
         let found = Command::new("redis-server")
             .arg("--version")
             .stdout(Stdio::null())
@@ -40,34 +63,72 @@ impl RedisServer {
             child: None,
             port,
             dir: tempfile::tempdir().unwrap(),
+            tls,
         };
         server.spawn();
         Some(server)
     }
 
     fn spawn(&mut self) {
-        let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+        let port = self.port.to_string();
+        let mut cmd = Command::new("redis-server");
+        match &self.tls {
+            None => cmd.args(["--bind", "127.0.0.1", "--port", &port]),
+            Some([ca, cert, key, ..]) => cmd
+                .args(["--bind", "127.0.0.1", "--port", "0", "--tls-port", &port])
+                .arg("--tls-ca-cert-file")
+                .arg(ca)
+                .arg("--tls-cert-file")
+                .arg(cert)
+                .arg("--tls-key-file")
+                .arg(key)
+                .args(["--tls-auth-clients", "yes"]),
+        };
+        let child = cmd
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(self.dir.path().join("redis.log"))
             .stdout(Stdio::null())
             .spawn()
             .expect("redis-server starts");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while self.ping().is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not answer");
+        while let Err(e) = self.ping() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not answer: {e}; its log:\n{}",
+                std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     fn connection(&self) -> redis::RedisResult<redis::Connection> {
-        redis::Client::open(self.url())?.get_connection_with_timeout(Duration::from_secs(1))
+        let client = match &self.tls {
+            None => redis::Client::open(self.url())?,
+            Some([ca, _, _, cert, key]) => redis::Client::build_with_tls(
+                self.url(),
+                redis::TlsCertificates {
+                    client_tls: Some(redis::ClientTlsConfig {
+                        client_cert: std::fs::read(cert).unwrap(),
+                        client_key: std::fs::read(key).unwrap(),
+                    }),
+                    root_cert: Some(std::fs::read(ca).unwrap()),
+                },
+            )?,
+        };
+        client.get_connection_with_timeout(Duration::from_secs(1))
     }
 
     fn ping(&self) -> redis::RedisResult<String> {
@@ -440,5 +501,58 @@ async fn a_task_started_on_one_instance_is_owned_on_every_instance() {
     assert_eq!(
         redis.cmd(&["GET", key]),
         redis::Value::BulkString(LEADER_A.as_bytes().to_vec())
+    );
+}
+
+/// `rediss://`: the gateway reaches a Redis that requires TLS and a client certificate,
+/// with `tls_ca`, `tls_cert` and `tls_key`; with a CA that did not issue Redis's
+/// certificate it never counts Redis as up.
+#[tokio::test]
+async fn rediss_with_a_client_certificate() {
+    let pki = Pki::new();
+    let Some(redis) = RedisServer::start_tls(&pki) else {
+        return;
+    };
+    let partner = TestPartner::start(Behaviour::Echo).await;
+    let client = pki.issue(&CertSpec::leader_v2(GATEWAY_AIC));
+    let (cert, key) = pki.write_pair("redis-client", &client);
+    let other = aipgw::devcerts::DevCa::new("another CA").unwrap();
+    let other_ca = pki.write("other-ca.pem", &other.cert_pem());
+    let config = |ca: &std::path::Path| {
+        pki.config(
+            "",
+            &format!(
+                "[cluster]\nmode = \"redis\"\nredis_url = \"rediss://127.0.0.1:{}\"\ntls_ca = \"{}\"\ntls_cert = \"{}\"\ntls_key = \"{}\"\ncommand_timeout = \"500ms\"\n[cluster.ratelimit]\nsync_interval = \"100ms\"\n{}",
+                redis.port,
+                ca.display(),
+                cert.display(),
+                key.display(),
+                partner_block("p", "/p", &partner.url(), "")
+            ),
+        )
+    };
+    let good = start_gateway(&config(&pki.ca_pem)).await;
+    until_metric(&good, "aipgw_cluster_redis_up", 1.0, Duration::from_secs(5)).await;
+    let leader = pki.leader(LEADER_A, false);
+    let r = leader
+        .post(good.addr, "/p/rpc", &rpc_start("1", LEADER_A, "tls-task"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        redis.cmd(&["GET", "aipgw:{aipgw:task:1:p:8:tls-task}:owner"]),
+        redis::Value::BulkString(LEADER_A.as_bytes().to_vec()),
+        "the claim went over TLS"
+    );
+
+    let wrong = start_gateway(&config(&other_ca)).await;
+    // Past the first ping's 500 ms command_timeout.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(metric(&wrong, "aipgw_cluster_redis_up").await, Some(0.0));
+    assert!(
+        metric(&wrong, "aipgw_redis_errors_total{op=\"ping\"}")
+            .await
+            .is_some_and(|n| n > 0.0),
+        "its pings fail"
     );
 }
