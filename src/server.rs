@@ -65,9 +65,11 @@ pub async fn run(
     let sweeper = tokio::spawn(crate::upkeep::run(gateway.clone()));
     let cluster = snap.cluster.clone().map(|c| {
         let g = gateway.clone();
-        tokio::spawn(crate::cluster::ratelimit::sync_loop(c, move || {
+        let leases = tokio::spawn(crate::cluster::streams::renew_loop(c.clone()));
+        let sync = tokio::spawn(crate::cluster::ratelimit::sync_loop(c, move || {
             g.snapshot().limiter.clone()
-        }))
+        }));
+        [leases, sync]
     });
     gateway.set_ready(true);
     tokio::pin!(shutdown);
@@ -111,8 +113,8 @@ pub async fn run(
     gateway.set_ready(false);
     drop(listener);
     sweeper.abort();
-    if let Some(c) = &cluster {
-        c.abort();
+    for task in cluster.iter().flatten() {
+        task.abort();
     }
     let _ = drain_tx.send(true);
     // Every connection holds a permit: all of them back means all connections ended.

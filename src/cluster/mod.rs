@@ -9,6 +9,7 @@
 //!   instance raises its own state to it. No Redis round trip on the request path.
 //! - task owners (`tasks`): a `start` claims its `taskId` in Redis, so another AIC is
 //!   refused on every instance; owners learned from Redis are cached.
+//! - open streams per AIC (`streams`): a lease per stream in a sorted set per AIC.
 //!
 //! Redis down or slow: every command is bounded by `command_timeout`; quotas then follow
 //! `on_error` (`local`: each instance on its own; `open`: not enforced; `closed`:
@@ -16,6 +17,7 @@
 //! timeout and nothing answers 5xx because of Redis.
 
 pub(crate) mod ratelimit;
+pub(crate) mod streams;
 pub(crate) mod tasks;
 
 use std::future::Future;
@@ -77,6 +79,7 @@ pub struct ClusterSettings {
     pub on_error: OnClusterError,
     pub sync_interval: Duration,
     pub max_keys_per_call: usize,
+    pub stream_lease_ttl: Duration,
 }
 
 /// This instance's default name: host name and process id.
@@ -108,6 +111,7 @@ pub struct Cluster {
     conn: tokio::sync::OnceCell<ConnectionManager>,
     up: AtomicBool,
     metrics: Arc<Metrics>,
+    leases: streams::Leases,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -138,6 +142,7 @@ impl Cluster {
             conn: tokio::sync::OnceCell::new(),
             up: AtomicBool::new(false),
             metrics,
+            leases: streams::Leases::default(),
         })))
     }
 

@@ -97,6 +97,10 @@ pub struct RawCluster {
     /// What quotas do while Redis cannot be reached.
     #[serde(default)]
     pub on_error: OnClusterError,
+    /// A stream's lease (open streams per AIC across instances) lasts this long unless
+    /// renewed; the instance renews its leases every third of it.
+    #[serde(default = "d30s", with = "humantime_serde")]
+    pub stream_lease_ttl: Duration,
     /// Shared quotas.
     #[serde(default)]
     pub ratelimit: RawClusterRateLimit,
@@ -115,6 +119,7 @@ impl Default for RawCluster {
             command_timeout: d25ms(),
             connect_timeout: d1s(),
             on_error: OnClusterError::default(),
+            stream_lease_ttl: d30s(),
             ratelimit: RawClusterRateLimit::default(),
         }
     }

@@ -394,6 +394,7 @@ impl TryFrom<&raw::RawCluster> for crate::cluster::ClusterSettings {
     fn try_from(c: &raw::RawCluster) -> anyhow::Result<crate::cluster::ClusterSettings> {
         positive("cluster.command_timeout", c.command_timeout)?;
         positive("cluster.connect_timeout", c.connect_timeout)?;
+        positive("cluster.stream_lease_ttl", c.stream_lease_ttl)?;
         positive("cluster.ratelimit.sync_interval", c.ratelimit.sync_interval)?;
         at_least_one(
             "cluster.ratelimit.max_keys_per_call",
@@ -433,6 +434,7 @@ impl TryFrom<&raw::RawCluster> for crate::cluster::ClusterSettings {
             on_error: c.on_error,
             sync_interval: c.ratelimit.sync_interval,
             max_keys_per_call: c.ratelimit.max_keys_per_call,
+            stream_lease_ttl: c.stream_lease_ttl,
         })
     }
 }

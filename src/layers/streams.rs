@@ -134,11 +134,23 @@ pub(crate) async fn handle(
     if req.command == Command::ReStream {
         restreamed(snap, "partner");
     }
-    // A stream at the Partner: one of the caller's open-stream permits.
+    // A stream at the Partner: one of the caller's open-stream permits (and in cluster
+    // mode a lease, so the limit counts its streams on every instance; Redis down: the
+    // permit alone).
     let stream_permit = snap
         .streams
         .try_take(&identity.aic)
         .ok_or_else(|| GatewayError::busy("aic_streams"))?;
+    let lease = match (&snap.cluster, snap.config.ratelimit.max_streams_per_aic) {
+        (Some(c), Some(max)) => match crate::cluster::streams::acquire(c, &identity.aic, max).await
+        {
+            Ok(Some(lease)) => Some(lease),
+            Ok(None) => return Err(GatewayError::busy("aic_streams")),
+            Err(_) => None,
+        },
+        _ => None,
+    };
+    let stream_permit = (stream_permit, lease);
     let resp = partner.pool.send(upstream).await?;
     let is_sse = resp.status() == StatusCode::OK && is_event_stream(resp.headers());
     let idle = snap.config.upstream.body_idle_timeout;

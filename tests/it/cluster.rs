@@ -556,3 +556,83 @@ async fn rediss_with_a_client_certificate() {
         "its pings fail"
     );
 }
+
+/// Open streams per AIC count across instances: with `max_streams_per_aic = 1`, a stream
+/// open through A makes B refuse the same AIC's next one (429 `aic_streams`, nothing
+/// sent to the Partner); once the Partner ends the first, B opens it. Each instance alone
+/// would have let the second through.
+#[tokio::test]
+async fn open_streams_per_aic_are_counted_across_instances() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let pki = Pki::new();
+    let partner = SsePartner::start(Restream::Error).await;
+    let text = pki.config(
+        "",
+        &cluster(
+            &redis,
+            "stream_lease_ttl = \"3s\"",
+            &format!(
+                "[ratelimit]\nmax_streams_per_aic = 1\n{}",
+                partner_block("p", "/p", &partner.url(), "")
+            ),
+        ),
+    );
+    let (a, b) = (start_gateway(&text).await, start_gateway(&text).await);
+    let leader = pki.leader(LEADER_A, false);
+    let open = |gw: SocketAddr, task: &'static str| {
+        let leader = leader.clone();
+        async move {
+            leader
+                .open_stream(
+                    gw,
+                    "/p/stream",
+                    &stream_body("\"s\"", LEADER_A, task, "start", None),
+                    &[],
+                )
+                .await
+        }
+    };
+    let first = open(a.addr, "first").await;
+    assert_eq!(first.status, 200);
+    let feed = partner.feed("first").await;
+    let key = "aipgw:{aipgw:streams:".to_owned() + LEADER_A + "}:leases";
+    assert_eq!(redis.cmd(&["ZCARD", &key]), redis::Value::Int(1));
+
+    let refused = leader
+        .post(
+            b.addr,
+            "/p/stream",
+            &stream_body("\"s2\"", LEADER_A, "second", "start", None),
+        )
+        .await
+        .unwrap();
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    assert_eq!(refused.error(), (-32029, "aic_streams".into()));
+    assert_eq!(refused.json()["id"], "s2");
+    assert_eq!(
+        partner.commands().len(),
+        1,
+        "the refused stream never reached the Partner"
+    );
+
+    // Past the lease TTL the lease is still held: it is renewed while the stream runs.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    assert_eq!(redis.cmd(&["ZCARD", &key]), redis::Value::Int(1));
+
+    // The Partner ends the first stream: its lease goes, B may open one.
+    feed_events(&feed, 1..=1, Some((1, "completed"))).await;
+    drop(feed);
+    drop(first);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while redis.cmd(&["ZCARD", &key]) != redis::Value::Int(0) {
+        assert!(
+            Instant::now() < deadline,
+            "the lease stayed after its stream ended"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let second = open(b.addr, "second").await;
+    assert_eq!(second.status, 200);
+}
