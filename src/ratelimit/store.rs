@@ -139,6 +139,28 @@ impl<K: Hash + Eq + Clone> CappedStore<K> {
     }
 }
 
+/// One GCRA state's measure-and-replace (governor's `StateStore` contract: `f` judges the
+/// state as it is, a 0 meaning fresh, and its new state is stored unless another request
+/// replaced it meanwhile, then judged again); an admitted request is counted in `hits`.
+fn update<T, F, E>(cell: &AtomicU64, hits: Option<&AtomicU64>, f: F) -> Result<T, E>
+where
+    F: Fn(Option<Nanos>) -> Result<(T, Nanos), E>,
+{
+    let mut prev = cell.load(Ordering::Acquire);
+    loop {
+        let (t, next) = f((prev != 0).then(|| Nanos::from(prev)))?;
+        match cell.compare_exchange_weak(prev, next.as_u64(), Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => {
+                if let Some(h) = hits {
+                    h.fetch_add(1, Ordering::AcqRel);
+                }
+                return Ok(t);
+            }
+            Err(p) => prev = p,
+        }
+    }
+}
+
 /// The state of one unkeyed quota (an AIC's override, a Partner's total): governor's
 /// `InMemoryState`, plus the admitted-request count the cluster sync takes, shared so
 /// the sync can read it and raise the state while governor owns the limiter.
@@ -180,24 +202,7 @@ impl StateStore for SingleState {
         F: Fn(Option<Nanos>) -> Result<(T, Nanos), E>,
     {
         let cells = &self.0;
-        let mut prev = cells.tat.load(Ordering::Acquire);
-        loop {
-            let (t, next) = f((prev != 0).then(|| Nanos::from(prev)))?;
-            match cells.tat.compare_exchange_weak(
-                prev,
-                next.as_u64(),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => {
-                    if cells.counting {
-                        cells.hits.fetch_add(1, Ordering::AcqRel);
-                    }
-                    return Ok(t);
-                }
-                Err(p) => prev = p,
-            }
-        }
+        update(&cells.tat, cells.counting.then_some(&cells.hits), f)
     }
 }
 
@@ -217,25 +222,8 @@ impl<K: Hash + Eq + Clone> StateStore for SlotStore<K> {
         let inner = &self.store.0;
         loop {
             if let Some(cells) = inner.map.get(key) {
-                let cell = &cells[self.slot];
-                let mut prev = cell.load(Ordering::Acquire);
-                loop {
-                    let (t, next) = f((prev != 0).then(|| Nanos::from(prev)))?;
-                    match cell.compare_exchange_weak(
-                        prev,
-                        next.as_u64(),
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    ) {
-                        Ok(_) => {
-                            if inner.counting {
-                                cells[inner.slots + self.slot].fetch_add(1, Ordering::AcqRel);
-                            }
-                            return Ok(t);
-                        }
-                        Err(p) => prev = p,
-                    }
-                }
+                let hits = inner.counting.then(|| &cells[inner.slots + self.slot]);
+                return update(&cells[self.slot], hits, f);
             }
             let (t, next) = f(None)?;
             match inner.map.entry(key.clone()) {

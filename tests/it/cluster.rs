@@ -165,20 +165,31 @@ impl Drop for RedisServer {
     }
 }
 
-/// The `[cluster]` section pointing at `redis`, then `rest`.
-fn cluster(redis: &RedisServer, extra: &str, rest: &str) -> String {
-    format!(
-        "[cluster]\nmode = \"redis\"\nredis_url = \"{}\"\ncommand_timeout = \"50ms\"\n{extra}\n[cluster.ratelimit]\nsync_interval = \"100ms\"\n{rest}",
-        redis.url()
+/// Fast failure for the tests' own Redis on loopback.
+const FAST: &str = "command_timeout = \"50ms\"";
+
+/// A config in cluster mode on `redis` (`cluster_lines` added to `[cluster]`, a 100 ms
+/// sync), then `sections`, then one Partner `p` at `/p` on `partner`.
+fn config(
+    pki: &Pki,
+    redis: &RedisServer,
+    cluster_lines: &str,
+    sections: &str,
+    partner: &str,
+) -> String {
+    pki.config(
+        "",
+        &format!(
+            "[cluster]\nmode = \"redis\"\nredis_url = \"{}\"\n{cluster_lines}\n[cluster.ratelimit]\nsync_interval = \"100ms\"\n{sections}\n{}",
+            redis.url(),
+            partner_block("p", "/p", partner, "")
+        ),
     )
 }
 
 async fn metric(gw: &TestGateway, name: &str) -> Option<f64> {
     let (_, text) = gw.admin_get("/metrics").await;
-    text.lines().find_map(|l| {
-        let (k, v) = l.rsplit_once(' ')?;
-        (k == name).then(|| v.parse().ok()).flatten()
-    })
+    parse_metrics(&text).get(name).copied()
 }
 
 /// Waits until `name` reads `want`; how long it took.
@@ -232,16 +243,12 @@ async fn two_instances_share_one_quota() {
     };
     let pki = Pki::new();
     let partner = TestPartner::start(Behaviour::Echo).await;
-    let text = pki.config(
-        "",
-        &cluster(
-            &redis,
-            "",
-            &format!(
-                "[ratelimit]\nrate = 20.0\nburst = 5\n{}",
-                partner_block("p", "/p", &partner.url(), "")
-            ),
-        ),
+    let text = config(
+        &pki,
+        &redis,
+        FAST,
+        "[ratelimit]\nrate = 20.0\nburst = 5",
+        &partner.url(),
     );
     let (a, b) = (start_gateway(&text).await, start_gateway(&text).await);
     let leader = pki.leader(LEADER_A, false);
@@ -280,16 +287,12 @@ async fn redis_paused_killed_and_restarted() {
     };
     let pki = Pki::new();
     let partner = TestPartner::start(Behaviour::Echo).await;
-    let text = pki.config(
-        "",
-        &cluster(
-            &redis,
-            "",
-            &format!(
-                "[ratelimit]\nrate = 1000.0\nburst = 1000\n{}",
-                partner_block("p", "/p", &partner.url(), "")
-            ),
-        ),
+    let text = config(
+        &pki,
+        &redis,
+        FAST,
+        "[ratelimit]\nrate = 1000.0\nburst = 1000",
+        &partner.url(),
     );
     let gw = start_gateway(&text).await;
     let leader = pki.leader(LEADER_A, true);
@@ -361,20 +364,16 @@ async fn on_error_open_and_closed() {
     };
     let pki = Pki::new();
     let partner = TestPartner::start(Behaviour::Echo).await;
-    let config = |on_error: &str| {
-        pki.config(
-            "",
-            &cluster(
-                &redis,
-                &format!("on_error = \"{on_error}\""),
-                &format!(
-                    "[ratelimit]\nrate = 0.01\nburst = 2\n{}",
-                    partner_block("p", "/p", &partner.url(), "")
-                ),
-            ),
+    let with = |on_error: &str| {
+        config(
+            &pki,
+            &redis,
+            &format!("{FAST}\non_error = \"{on_error}\""),
+            "[ratelimit]\nrate = 0.01\nburst = 2",
+            &partner.url(),
         )
     };
-    let (closed, open) = (config("closed"), config("open"));
+    let (closed, open) = (with("closed"), with("open"));
     redis.kill();
     let closed = start_gateway(&closed).await;
     let open = start_gateway(&open).await;
@@ -435,10 +434,7 @@ async fn a_task_started_on_one_instance_is_owned_on_every_instance() {
     };
     let pki = Pki::new();
     let partner = TestPartner::start(Behaviour::RefuseFrom("refused-task")).await;
-    let text = pki.config(
-        "",
-        &cluster(&redis, "", &partner_block("p", "/p", &partner.url(), "")),
-    );
+    let text = config(&pki, &redis, FAST, "", &partner.url());
     let (a, b) = (start_gateway(&text).await, start_gateway(&text).await);
     let (la, lb) = (pki.leader(LEADER_A, false), pki.leader(LEADER_B, false));
     let cancel = |id: &str, sender: &str, task: &str| {
@@ -518,20 +514,16 @@ async fn rediss_with_a_client_certificate() {
     let (cert, key) = pki.write_pair("redis-client", &client);
     let other = aipgw::devcerts::DevCa::new("another CA").unwrap();
     let other_ca = pki.write("other-ca.pem", &other.cert_pem());
-    let config = |ca: &std::path::Path| {
-        pki.config(
-            "",
-            &format!(
-                "[cluster]\nmode = \"redis\"\nredis_url = \"rediss://127.0.0.1:{}\"\ntls_ca = \"{}\"\ntls_cert = \"{}\"\ntls_key = \"{}\"\ncommand_timeout = \"500ms\"\n[cluster.ratelimit]\nsync_interval = \"100ms\"\n{}",
-                redis.port,
-                ca.display(),
-                cert.display(),
-                key.display(),
-                partner_block("p", "/p", &partner.url(), "")
-            ),
-        )
+    let with_ca = |ca: &std::path::Path| {
+        let tls = format!(
+            "tls_ca = \"{}\"\ntls_cert = \"{}\"\ntls_key = \"{}\"\ncommand_timeout = \"500ms\"",
+            ca.display(),
+            cert.display(),
+            key.display()
+        );
+        config(&pki, &redis, &tls, "", &partner.url())
     };
-    let good = start_gateway(&config(&pki.ca_pem)).await;
+    let good = start_gateway(&with_ca(&pki.ca_pem)).await;
     until_metric(&good, "aipgw_cluster_redis_up", 1.0, Duration::from_secs(5)).await;
     let leader = pki.leader(LEADER_A, false);
     let r = leader
@@ -545,7 +537,7 @@ async fn rediss_with_a_client_certificate() {
         "the claim went over TLS"
     );
 
-    let wrong = start_gateway(&config(&other_ca)).await;
+    let wrong = start_gateway(&with_ca(&other_ca)).await;
     // Past the first ping's 500 ms command_timeout.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(metric(&wrong, "aipgw_cluster_redis_up").await, Some(0.0));
@@ -568,16 +560,12 @@ async fn open_streams_per_aic_are_counted_across_instances() {
     };
     let pki = Pki::new();
     let partner = SsePartner::start(Restream::Error).await;
-    let text = pki.config(
-        "",
-        &cluster(
-            &redis,
-            "stream_lease_ttl = \"3s\"",
-            &format!(
-                "[ratelimit]\nmax_streams_per_aic = 1\n{}",
-                partner_block("p", "/p", &partner.url(), "")
-            ),
-        ),
+    let text = config(
+        &pki,
+        &redis,
+        &format!("{FAST}\nstream_lease_ttl = \"3s\""),
+        "[ratelimit]\nmax_streams_per_aic = 1",
+        &partner.url(),
     );
     let (a, b) = (start_gateway(&text).await, start_gateway(&text).await);
     let leader = pki.leader(LEADER_A, false);
