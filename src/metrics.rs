@@ -89,7 +89,8 @@ pub struct StreamOutcomeLabels {
 /// Who answered a re-stream.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ServedByLabels {
-    /// `gateway` (from the buffer) or `partner` (forwarded).
+    /// `gateway` (from this instance's buffer), `cluster` (from the copy another
+    /// instance wrote to Redis) or `partner` (forwarded).
     pub served_by: &'static str,
 }
 
@@ -150,6 +151,12 @@ pub struct Metrics {
     pub redis_errors: Family<OpLabels, Counter>,
     /// Time of each quota sync with Redis.
     pub ratelimit_sync_seconds: Histogram,
+    /// Events and stream changes waiting to be written to Redis (cluster replay).
+    pub replay_write_queue_depth: Gauge,
+    /// Streams whose copy in Redis has a gap (no longer served by other instances), by
+    /// reason: `queue_full`, `write_failed`, `lost` (Redis lost the stream: restarted
+    /// empty), `order` (an `eventSeq` not above the previous one).
+    pub replay_gaps: Family<ReasonLabels, Counter>,
     replay_bytes: Gauge,
     heap: Family<KindLabels, Gauge>,
     replay_events: Gauge,
@@ -186,6 +193,8 @@ impl Metrics {
             cluster_redis_up: Gauge::default(),
             redis_errors: Family::default(),
             ratelimit_sync_seconds: latency(),
+            replay_write_queue_depth: Gauge::default(),
+            replay_gaps: Family::default(),
             replay_bytes: Gauge::default(),
             heap: Family::default(),
             replay_events: Gauge::default(),
@@ -309,6 +318,16 @@ impl Metrics {
             "ratelimit_sync_seconds",
             "Time of each quota sync with Redis",
             m.ratelimit_sync_seconds.clone(),
+        );
+        r.register(
+            "replay_write_queue_depth",
+            "Events and stream changes waiting to be written to Redis (cluster replay)",
+            m.replay_write_queue_depth.clone(),
+        );
+        r.register(
+            "replay_gaps",
+            "Streams whose copy in Redis has a gap and is no longer served by other instances, by reason",
+            m.replay_gaps.clone(),
         );
         r.register(
             "allocator_bytes",

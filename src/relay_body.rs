@@ -32,7 +32,7 @@ use crate::headers::keep_end_to_end;
 use crate::jsonrpc::RpcId;
 use crate::outcome::{Ending, StreamTally};
 use crate::sse::count::EventCounter;
-use crate::sse::relay::error_event;
+use crate::sse::emit::error_event;
 use crate::sse::relay::OnUpstreamFailure;
 
 /// Why a relayed body ended early: the error frame a plain body ends with (read back by

@@ -66,11 +66,22 @@ pub async fn run(
     let cluster = snap.cluster.clone().map(|c| {
         let g = gateway.clone();
         let leases = tokio::spawn(crate::cluster::streams::renew_loop(c.clone()));
-        let sync = tokio::spawn(crate::cluster::ratelimit::sync_loop(c, move || {
-            g.snapshot().limiter.clone()
-        }));
-        [leases, sync]
+        let mut tasks = vec![leases];
+        if c.shares_replay() {
+            tasks.push(tokio::spawn(crate::cluster::replay::lease_loop(c.clone())));
+        }
+        tasks.push(tokio::spawn(crate::cluster::ratelimit::sync_loop(
+            c,
+            move || g.snapshot().limiter.clone(),
+        )));
+        tasks
     });
+    // The replay writer runs until the streams' ends are written, after the drain.
+    let replay_writer = snap
+        .cluster
+        .clone()
+        .filter(|c| c.shares_replay())
+        .map(|c| tokio::spawn(crate::cluster::replay::write_loop(c)));
     gateway.set_ready(true);
     tokio::pin!(shutdown);
     loop {
@@ -134,11 +145,13 @@ pub async fn run(
             tracing::warn!("closing the remaining connections");
         }
     }
+    if let (Some(writer), Some(c)) = (replay_writer, &snap.cluster) {
+        c.replay_flushed(Duration::from_secs(1)).await;
+        writer.abort();
+    }
     Ok(())
 }
 
-/// Every `ratelimit.sweep_interval`, forgets rate-limit keys whose state is back to
-/// fresh, so the keyed stores hold only recently active AICs.
 async fn serve_connection(
     tcp: TcpStream,
     peer: SocketAddr,

@@ -17,6 +17,8 @@
 //! timeout and nothing answers 5xx because of Redis.
 
 pub(crate) mod ratelimit;
+pub(crate) mod replay;
+pub(crate) mod restream;
 pub(crate) mod streams;
 pub(crate) mod tasks;
 
@@ -80,6 +82,20 @@ pub struct ClusterSettings {
     pub sync_interval: Duration,
     pub max_keys_per_call: usize,
     pub stream_lease_ttl: Duration,
+    pub replay: ReplaySettings,
+}
+
+/// `[cluster.replay]`, validated (meanings and defaults: `config::raw::RawClusterReplay`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct ReplaySettings {
+    pub enabled: bool,
+    pub queue_events: usize,
+    pub batch_events: usize,
+    pub write_timeout: Duration,
+    pub recorder_lease_ttl: Duration,
+    pub read_block: Duration,
+    pub max_remote_followers: usize,
 }
 
 /// This instance's default name: host name and process id.
@@ -112,6 +128,9 @@ pub struct Cluster {
     up: AtomicBool,
     metrics: Arc<Metrics>,
     leases: streams::Leases,
+    mirror: replay::Mirror,
+    /// Leaders followed from Redis at once (`cluster.replay.max_remote_followers`).
+    remote_followers: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -143,6 +162,10 @@ impl Cluster {
             up: AtomicBool::new(false),
             metrics,
             leases: streams::Leases::default(),
+            mirror: replay::Mirror::new(settings.replay.queue_events),
+            remote_followers: Arc::new(tokio::sync::Semaphore::new(
+                settings.replay.max_remote_followers,
+            )),
         })))
     }
 
@@ -183,14 +206,32 @@ impl Cluster {
         F: FnOnce(ConnectionManager) -> Fut,
         Fut: Future<Output = Result<T, redis::RedisError>>,
     {
-        let timeout = self.settings.command_timeout;
+        self.call_within(op, self.settings.command_timeout, f).await
+    }
+
+    /// [`Self::call`] bounded by `timeout` instead (a background batch).
+    pub(crate) async fn call_within<T, F, Fut>(
+        &self,
+        op: &'static str,
+        timeout: Duration,
+        f: F,
+    ) -> Result<T, ClusterError>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: Future<Output = Result<T, redis::RedisError>>,
+    {
         let run = async {
             let conn = self
                 .conn
                 .get_or_try_init(|| async {
                     let cfg = ConnectionManagerConfig::new()
                         .set_connection_timeout(Some(self.settings.connect_timeout))
-                        .set_response_timeout(Some(timeout))
+                        .set_response_timeout(Some(
+                            self.settings
+                                .replay
+                                .write_timeout
+                                .max(self.settings.command_timeout),
+                        ))
                         .set_max_delay(Duration::from_secs(2))
                         .set_number_of_retries(usize::MAX);
                     ConnectionManager::new_lazy_with_config(self.client.clone(), cfg)
@@ -208,16 +249,21 @@ impl Cluster {
             Ok(_) => self.set_up(true),
             Err(e) => {
                 tracing::debug!(op, error = %e, "redis command failed");
-                self.metrics
-                    .redis_errors
-                    .get_or_create(&crate::metrics::OpLabels { op })
-                    .inc();
+                self.count_error(op);
                 // A script error is Redis answering: it is up, the call failed.
                 let answered = matches!(e, ClusterError::Redis(r) if r.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError));
                 self.set_up(answered);
             }
         }
         result
+    }
+
+    /// Counts a failed Redis operation in `aipgw_redis_errors_total{op}`.
+    pub(crate) fn count_error(&self, op: &'static str) {
+        self.metrics
+            .redis_errors
+            .get_or_create(&crate::metrics::OpLabels { op })
+            .inc();
     }
 
     /// Checks that Redis answers (`PING`).

@@ -104,6 +104,9 @@ pub struct RawCluster {
     /// Shared quotas.
     #[serde(default)]
     pub ratelimit: RawClusterRateLimit,
+    /// The replay buffer shared: re-streams served by any instance.
+    #[serde(default)]
+    pub replay: RawClusterReplay,
 }
 
 impl Default for RawCluster {
@@ -121,6 +124,7 @@ impl Default for RawCluster {
             on_error: OnClusterError::default(),
             stream_lease_ttl: d30s(),
             ratelimit: RawClusterRateLimit::default(),
+            replay: RawClusterReplay::default(),
         }
     }
 }
@@ -145,6 +149,62 @@ impl Default for RawClusterRateLimit {
             max_keys_per_call: default_sync_batch(),
         }
     }
+}
+
+/// `[cluster.replay]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawClusterReplay {
+    /// Whether recorded streams are also written to Redis, so a `re-stream` reaching
+    /// another instance is served from them.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Events waiting to be written to Redis, in all; a stream whose event finds the queue
+    /// full is marked with a gap (and no longer served by other instances).
+    #[serde(default = "default_replay_queue")]
+    pub queue_events: usize,
+    /// Events written in one pipelined round trip at most.
+    #[serde(default = "default_replay_batch")]
+    pub batch_events: usize,
+    /// A write round trip that takes longer fails (its streams are marked with a gap).
+    #[serde(default = "d250ms", with = "humantime_serde")]
+    pub write_timeout: Duration,
+    /// The recording instance's lease on a live stream lasts this long unless renewed
+    /// (every third of it); another instance serves a live stream only while it is held.
+    #[serde(default = "d10s", with = "humantime_serde")]
+    pub recorder_lease_ttl: Duration,
+    /// A follower on another instance waits this long for new events per read, then
+    /// checks the recorder's lease and renews its own.
+    #[serde(default = "d1s", with = "humantime_serde")]
+    pub read_block: Duration,
+    /// Leaders followed from Redis at once by this instance (one Redis connection each);
+    /// past it, re-streams are forwarded to the Partner.
+    #[serde(default = "default_remote_followers")]
+    pub max_remote_followers: usize,
+}
+
+impl Default for RawClusterReplay {
+    fn default() -> Self {
+        RawClusterReplay {
+            enabled: true,
+            queue_events: default_replay_queue(),
+            batch_events: default_replay_batch(),
+            write_timeout: d250ms(),
+            recorder_lease_ttl: d10s(),
+            read_block: d1s(),
+            max_remote_followers: default_remote_followers(),
+        }
+    }
+}
+
+fn default_replay_queue() -> usize {
+    10_000
+}
+fn default_replay_batch() -> usize {
+    256
+}
+fn default_remote_followers() -> usize {
+    1024
 }
 
 fn default_redis_url() -> String {

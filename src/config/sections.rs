@@ -400,6 +400,16 @@ impl TryFrom<&raw::RawCluster> for crate::cluster::ClusterSettings {
             "cluster.ratelimit.max_keys_per_call",
             c.ratelimit.max_keys_per_call,
         )?;
+        let r = &c.replay;
+        at_least_one("cluster.replay.queue_events", r.queue_events)?;
+        at_least_one("cluster.replay.batch_events", r.batch_events)?;
+        at_least_one(
+            "cluster.replay.max_remote_followers",
+            r.max_remote_followers,
+        )?;
+        positive("cluster.replay.write_timeout", r.write_timeout)?;
+        positive("cluster.replay.recorder_lease_ttl", r.recorder_lease_ttl)?;
+        positive("cluster.replay.read_block", r.read_block)?;
         let url = c.redis_url.as_str();
         if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
             bail!("cluster.redis_url: {url:?} must start with redis:// or rediss://");
@@ -435,6 +445,15 @@ impl TryFrom<&raw::RawCluster> for crate::cluster::ClusterSettings {
             sync_interval: c.ratelimit.sync_interval,
             max_keys_per_call: c.ratelimit.max_keys_per_call,
             stream_lease_ttl: c.stream_lease_ttl,
+            replay: crate::cluster::ReplaySettings {
+                enabled: r.enabled,
+                queue_events: r.queue_events,
+                batch_events: r.batch_events,
+                write_timeout: r.write_timeout,
+                recorder_lease_ttl: r.recorder_lease_ttl,
+                read_block: r.read_block,
+                max_remote_followers: r.max_remote_followers,
+            },
         })
     }
 }

@@ -24,13 +24,15 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 
 use crate::body::ResponseBody;
+use crate::cluster::restream;
 use crate::error::GatewayError;
 use crate::gateway::Snapshot;
+use crate::identity::Aic;
 use crate::identity::PeerIdentity;
 use crate::jsonrpc::{Command, RpcId};
 use crate::outcome::{partner_caused, StreamTally};
 use crate::policy::tasks::PendingClaim;
-use crate::ratelimit::concurrency::InFlightPermit;
+use crate::ratelimit::concurrency::{InFlightPermit, KeyedPermit};
 use crate::relay_body::SseTail;
 use crate::relay_body::{hold, is_event_stream, relay_response};
 use crate::routing::Partner;
@@ -82,55 +84,15 @@ pub(crate) async fn handle(
         partner: partner.config.name.as_str().into(),
         task_id: t.as_str().into(),
     });
-    if let (Command::ReStream, Some(key)) = (req.command, &key) {
-        if let Some(record) = snap.replay.find(key) {
-            let meta = record.meta();
-            if meta.owner != identity.aic {
-                return Err(GatewayError::Forbidden {
-                    reason: "not_stream_owner",
-                    detail: format!(
-                        "only the AIC that started task {:?}'s stream may re-stream it",
-                        key.task_id
-                    ),
-                });
+    let work = match (req.command, &key) {
+        (Command::ReStream, Some(key)) => {
+            match from_buffer(snap, key, identity, &req, &id, work).await? {
+                Served::Answered(resp) => return Ok(resp),
+                Served::Forward(work) => work,
             }
-            if let (Some(asked), Some(owned)) = (&req.session_id, &meta.session_id) {
-                if asked != owned {
-                    return Err(GatewayError::Forbidden {
-                        reason: "session_mismatch",
-                        detail: "sessionId does not match the stream's".to_owned(),
-                    });
-                }
-            }
-            if let Ok(cursor) = record.cursor_after(req.last_event_seq) {
-                // Nothing goes to the Partner; a live record's recorder already counts the
-                // stream, a finished one is counted while this Leader reads it.
-                let permit = match record.is_finished() {
-                    true => Some(
-                        snap.streams
-                            .try_take(&identity.aic)
-                            .ok_or_else(|| GatewayError::busy("aic_streams"))?,
-                    ),
-                    false => None,
-                };
-                drop(work.in_flight);
-                tracing::debug!(task = %key.task_id, after = ?req.last_event_seq, "re-stream served from the buffer");
-                restreamed(snap, "gateway");
-                let closing = snap.closing.subscribe();
-                let body = follow(
-                    record,
-                    cursor,
-                    id,
-                    settings.keepalive_interval,
-                    closing,
-                    work.tally,
-                    settings.on_upstream_failure,
-                );
-                return Ok(sse_response(counted(snap, hold(body, permit))));
-            }
-            tracing::debug!(task = %key.task_id, "re-stream needs evicted events: forwarding");
         }
-    }
+        _ => work,
+    };
     if req.command == Command::ReStream {
         restreamed(snap, "partner");
     }
@@ -174,12 +136,17 @@ pub(crate) async fn handle(
         claim.confirm();
     }
     let record = snap.replay.open(
-        key,
+        key.clone(),
         StreamMeta {
             owner: identity.aic,
             session_id: req.session_id,
         },
     );
+    // Cluster mode: its events also go to Redis, for re-streams reaching other instances.
+    let record = match snap.cluster.as_ref().filter(|c| c.shares_replay()) {
+        Some(c) => crate::cluster::replay::mirrored(c, &key, record, &snap.config.replay),
+        None => record,
+    };
     // Follow before the recorder starts, so it never sees zero followers at first.
     let body = follow(
         record.clone(),
@@ -231,4 +198,134 @@ fn sse_response(body: ResponseBody) -> Response<ResponseBody> {
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
     r
+}
+
+/// A `re-stream` answered from a buffer, or handed back to be forwarded.
+enum Served {
+    Answered(Response<ResponseBody>),
+    Forward(Work),
+}
+
+/// Serves a `re-stream` from this instance's buffer, or else (cluster mode) from the copy
+/// another instance wrote to Redis, when either holds every event after `lastEventSeq`;
+/// only the AIC that started the stream may (and with the same `sessionId`, when both are
+/// given).
+async fn from_buffer(
+    snap: &Snapshot,
+    key: &StreamKey,
+    identity: &PeerIdentity,
+    req: &StreamRequest,
+    id: &RpcId,
+    work: Work,
+) -> Result<Served, GatewayError> {
+    let settings = snap.config.stream;
+    if let Some(record) = snap.replay.find(key) {
+        let meta = record.meta();
+        let is_owner = meta.owner == identity.aic;
+        check_owner(key, is_owner, meta.session_id.as_deref(), req)?;
+        let Ok(cursor) = record.cursor_after(req.last_event_seq) else {
+            tracing::debug!(task = %key.task_id, "re-stream needs evicted events: forwarding");
+            return Ok(Served::Forward(work));
+        };
+        // Nothing goes to the Partner; a live record's recorder already counts the
+        // stream, a finished one is counted while this Leader reads it.
+        let permit = finished_permit(snap, identity, record.is_finished())?;
+        drop(work.in_flight);
+        tracing::debug!(task = %key.task_id, after = ?req.last_event_seq, "re-stream served from the buffer");
+        restreamed(snap, "gateway");
+        let body = follow(
+            record,
+            cursor,
+            id.clone(),
+            settings.keepalive_interval,
+            snap.closing.subscribe(),
+            work.tally,
+            settings.on_upstream_failure,
+        );
+        return Ok(Served::Answered(sse_response(counted(
+            snap,
+            hold(body, permit),
+        ))));
+    }
+    let Some(cluster) = snap.cluster.as_ref().filter(|c| c.shares_replay()) else {
+        return Ok(Served::Forward(work));
+    };
+    // Redis down or slow: forwarded, as with no copy.
+    let Ok(Some(copy)) = restream::find(cluster, key).await else {
+        return Ok(Served::Forward(work));
+    };
+    let is_owner = copy.owner == identity.aic.to_string();
+    check_owner(key, is_owner, copy.session.as_deref(), req)?;
+    if let Err(why) = copy.servable(req.last_event_seq) {
+        tracing::debug!(task = %key.task_id, why, "re-stream not served from Redis: forwarding");
+        return Ok(Served::Forward(work));
+    }
+    let permit = finished_permit(snap, identity, copy.ended)?;
+    let Some(slot) = restream::reserve(cluster).await else {
+        return Ok(Served::Forward(work));
+    };
+    drop(work.in_flight);
+    tracing::debug!(task = %key.task_id, after = ?req.last_event_seq, "re-stream served from Redis");
+    restreamed(snap, "cluster");
+    let body = restream::follow(
+        cluster.clone(),
+        copy,
+        slot,
+        req.last_event_seq,
+        id.clone(),
+        restream::FollowSettings {
+            keepalive: settings.keepalive_interval,
+            on_failure: settings.on_upstream_failure,
+        },
+        snap.closing.subscribe(),
+        work.tally,
+    );
+    Ok(Served::Answered(sse_response(counted(
+        snap,
+        hold(body, permit),
+    ))))
+}
+
+/// Only the AIC that started a stream re-streams it, with its `sessionId` when both give
+/// one.
+fn check_owner(
+    key: &StreamKey,
+    is_owner: bool,
+    session: Option<&str>,
+    req: &StreamRequest,
+) -> Result<(), GatewayError> {
+    if !is_owner {
+        return Err(GatewayError::Forbidden {
+            reason: "not_stream_owner",
+            detail: format!(
+                "only the AIC that started task {:?}'s stream may re-stream it",
+                key.task_id
+            ),
+        });
+    }
+    if let (Some(asked), Some(owned)) = (&req.session_id, session) {
+        if asked != owned {
+            return Err(GatewayError::Forbidden {
+                reason: "session_mismatch",
+                detail: "sessionId does not match the stream's".to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A finished stream's reader takes an open-stream permit for as long as it reads (a live
+/// one is counted by its recorder).
+fn finished_permit(
+    snap: &Snapshot,
+    identity: &PeerIdentity,
+    finished: bool,
+) -> Result<Option<KeyedPermit<Aic>>, GatewayError> {
+    if !finished {
+        return Ok(None);
+    }
+    snap.streams
+        .try_take(&identity.aic)
+        .map(Some)
+        .ok_or_else(|| GatewayError::busy("aic_streams"))
 }

@@ -2,6 +2,7 @@
 //! `eventSeq`, buffering them for replay, and relaying them to Leaders.
 
 pub(crate) mod count;
+pub(crate) mod emit;
 pub(crate) mod event;
 pub(crate) mod memory;
 pub(crate) mod relay;

@@ -8,33 +8,22 @@
 //! and a Leader that disconnects does not stop the recording (the upstream is cancelled
 //! only after `detach_timeout` with no follower).
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, StreamBody};
 use tokio::time::Instant;
 
+pub use super::emit::OnUpstreamFailure;
+use super::emit::{closing_changed, Emitter};
 use super::event::inspect;
 use super::replay::{Cursor, Entry, StreamEnd, StreamRecord, NO_SEQ};
 use super::splitter::{RawEvent, Splitter};
 use crate::body::{BoxError, ResponseBody};
-use crate::error::codes;
-use crate::jsonrpc::reply::{error_body, ErrorData, RpcId};
-use crate::outcome::{Ending, StreamTally};
-
-/// What a Leader gets when a Partner's stream fails before a terminal state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum OnUpstreamFailure {
-    /// A final JSON-RPC -32603 event with the reason and `lastEventSeq`.
-    #[default]
-    ErrorEvent,
-    /// The stream just ends (the replay buffer still records how it ended).
-    Close,
-}
+use crate::jsonrpc::reply::RpcId;
+use crate::outcome::StreamTally;
 
 /// Stream timing and size bounds (see `[stream]` in the config).
 #[derive(Debug, Clone, Copy)]
@@ -99,7 +88,16 @@ where
                 }
             },
             _ = &mut idle => break StreamEnd::Failed { reason: "upstream_idle_timeout" },
-            _ = sleep_until_opt(detach_at) => break StreamEnd::Failed { reason: "detach_timeout" },
+            _ = sleep_until_opt(detach_at) => {
+                // A Leader following through another instance keeps the stream.
+                if let Some(asked) = record.followed_elsewhere() {
+                    if asked.await {
+                        alone_since = Some(Instant::now());
+                        continue;
+                    }
+                }
+                break StreamEnd::Failed { reason: "detach_timeout" };
+            }
             changed = followers.changed() => {
                 if changed.is_err() {
                     break StreamEnd::Failed { reason: "record_dropped" };
@@ -147,20 +145,10 @@ struct Follower {
     closing: Option<tokio::sync::watch::Receiver<bool>>,
     record: Arc<dyn StreamRecord>,
     cursor: Cursor,
-    id: RpcId,
     changes: tokio::sync::watch::Receiver<u64>,
-    queue: VecDeque<Bytes>,
-    /// Small events of the current read, copied together (see [`COALESCE_MAX`]).
-    pending: BytesMut,
+    out: Emitter,
     scratch: Vec<Entry>,
     keepalive: Duration,
-    last_sent: Option<u64>,
-    done: bool,
-    /// Whether a Partner stream's failure gets a final error event or a plain end.
-    on_failure: OnUpstreamFailure,
-    /// The Partner's events sent to this Leader and how the stream ended (for the access
-    /// log).
-    tally: Arc<StreamTally>,
     _guard: super::replay::FollowerGuard,
 }
 
@@ -185,55 +173,39 @@ pub fn follow(
         _guard: record.clone().follow(),
         record,
         cursor,
-        id,
-        queue: VecDeque::new(),
-        pending: BytesMut::new(),
+        out: Emitter::new(id, on_failure, tally),
         scratch: Vec::new(),
         keepalive,
-        last_sent: None,
-        done: false,
-        tally,
-        on_failure,
     };
     let frames = futures_util::stream::unfold(state, |mut st| async move {
         loop {
-            if let Some(b) = st.queue.pop_front() {
+            if let Some(b) = st.out.pop() {
                 return Some((Ok::<_, BoxError>(Frame::data(b)), st));
             }
-            if st.done {
+            if st.out.done {
                 return None;
             }
             // Marked seen before reading: an append after the read still wakes us.
             st.changes.borrow_and_update();
             match st.record.read(&mut st.cursor, &mut st.scratch) {
                 Ok(end) => {
-                    let entries = std::mem::take(&mut st.scratch);
-                    for e in &entries {
-                        st.push_event(e);
+                    for e in &st.scratch {
+                        st.out.push_event(e);
                     }
-                    st.flush();
-                    st.scratch = entries;
+                    st.out.flush();
                     st.scratch.clear();
-                    match end {
-                        Some(StreamEnd::Complete) => {
-                            st.tally.end(Ending::completed());
-                            st.done = true;
-                        }
-                        Some(StreamEnd::Failed { reason }) => {
-                            let tell = st.on_failure == OnUpstreamFailure::ErrorEvent;
-                            st.fail(reason, None, tell);
-                        }
-                        None => {}
+                    if let Some(end) = end {
+                        st.out.ended(end);
                     }
                 }
-                Err(gap) => st.fail("events_evicted", gap.first_available_seq, true),
+                Err(gap) => st.out.fail("events_evicted", gap.first_available_seq, true),
             }
-            if !st.queue.is_empty() || st.done {
+            if st.out.has_frames() || st.out.done {
                 continue;
             }
             if st.closing.as_ref().is_some_and(|c| *c.borrow()) {
                 // The gateway is shutting down and the drain time is over.
-                st.fail("shutting_down", None, true);
+                st.out.fail("shutting_down", None, true);
                 continue;
             }
             tokio::select! {
@@ -244,118 +216,21 @@ pub fn follow(
                 }
                 r = st.changes.changed() => {
                     if r.is_err() {
-                        st.done = true;
+                        st.out.done = true;
                     }
                 }
-                _ = tokio::time::sleep(st.keepalive) => {
-                    st.queue.push_back(Bytes::from_static(b": keep-alive\n\n"));
-                }
+                _ = tokio::time::sleep(st.keepalive) => st.out.keepalive(),
             }
         }
     });
     StreamBody::new(Box::pin(frames)).boxed_unsync()
 }
 
-async fn closing_changed(
-    c: &mut Option<tokio::sync::watch::Receiver<bool>>,
-) -> Result<(), tokio::sync::watch::error::RecvError> {
-    match c {
-        Some(c) => c.changed().await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Events up to this size are copied into one buffer per read of the record, so a burst
-/// goes to the Leader as one frame: a frame per event (and two more per spliced id) cost
-/// far more than copying a small event. A larger event goes out as slices of its own
-/// bytes, uncopied.
-const COALESCE_MAX: usize = 4096;
-
-impl Follower {
-    fn push_event(&mut self, e: &Entry) {
-        use std::fmt::Write as _;
-        self.tally.add_events(1);
-        let (start, len) = (e.id_start as usize, e.id_len as usize);
-        let same_id = len == 0 || &e.bytes[start..start + len] == self.id.as_bytes();
-        if e.bytes.len() > COALESCE_MAX {
-            self.flush();
-            if e.seq != NO_SEQ {
-                self.queue
-                    .push_back(Bytes::from(format!("id: {}\n", e.seq)));
-                self.last_sent = Some(e.seq);
-            }
-            if same_id {
-                self.queue.push_back(e.bytes.clone());
-            } else {
-                self.queue.push_back(e.bytes.slice(..start));
-                self.queue.push_back(self.id.clone().into_bytes());
-                self.queue.push_back(e.bytes.slice(start + len..));
-            }
-            return;
-        }
-        if e.seq != NO_SEQ {
-            let _ = writeln!(self.pending, "id: {}", e.seq);
-            self.last_sent = Some(e.seq);
-        }
-        if same_id {
-            self.pending.extend_from_slice(&e.bytes);
-        } else {
-            self.pending.extend_from_slice(&e.bytes[..start]);
-            self.pending.extend_from_slice(self.id.as_bytes());
-            self.pending.extend_from_slice(&e.bytes[start + len..]);
-        }
-    }
-
-    /// Queues the coalesced events as one frame.
-    fn flush(&mut self) {
-        if !self.pending.is_empty() {
-            self.queue.push_back(self.pending.split().freeze());
-        }
-    }
-
-    /// Ends this Leader's stream, with a final error event when `tell` (the end is recorded
-    /// for the access log either way). A Partner-caused end is counted once by the
-    /// stream's recorder, not per follower.
-    fn fail(&mut self, reason: &'static str, last_available: Option<u64>, tell: bool) {
-        self.tally.end(Ending {
-            reason,
-            count_upstream: false,
-        });
-        self.flush();
-        if tell {
-            let ev = error_event(&self.id, reason, Some(self.last_sent), last_available);
-            self.queue.push_back(ev);
-        }
-        self.done = true;
-    }
-}
-
-/// A final SSE event carrying a JSON-RPC -32603 error: `reason`, and the last `eventSeq`
-/// the Leader got (`Some(None)` for none; `None` when the gateway cannot tell).
-pub(crate) fn error_event(
-    id: &RpcId,
-    reason: &'static str,
-    last_event_seq: Option<Option<u64>>,
-    last_available: Option<u64>,
-) -> Bytes {
-    let data = ErrorData {
-        reason,
-        last_event_seq,
-        last_available_seq: last_available,
-        ..Default::default()
-    };
-    let body = error_body(id, codes::INTERNAL_ERROR, "Internal error", &data);
-    let mut out = Vec::with_capacity(body.len() + 8);
-    out.extend_from_slice(b"data: ");
-    out.extend_from_slice(&body);
-    out.extend_from_slice(b"\n\n");
-    Bytes::from(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::identity::Aic;
+    use crate::sse::emit::COALESCE_MAX;
     use crate::sse::memory::{MemoryStore, ReplayLimits};
     use crate::sse::replay::{ReplayStore, StreamKey, StreamMeta};
     use std::convert::Infallible;

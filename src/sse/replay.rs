@@ -138,7 +138,17 @@ pub trait StreamRecord: Send + Sync {
     fn follow(self: Arc<Self>) -> FollowerGuard;
     /// Counts a reader out (called by `FollowerGuard`).
     fn unfollow(&self);
+    /// Whether a reader elsewhere (a Leader following the stream through another
+    /// instance) still follows it, asked before an unfollowed stream is cancelled at its
+    /// Partner. `None`: nobody else can read it.
+    fn followed_elsewhere(&self) -> Option<FollowedElsewhere> {
+        None
+    }
 }
+
+/// The answer of [`StreamRecord::followed_elsewhere`], when it has to be asked.
+pub(crate) type FollowedElsewhere =
+    std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>;
 
 /// Keeps a reader counted while alive.
 pub struct FollowerGuard(pub(crate) Arc<dyn StreamRecord>);

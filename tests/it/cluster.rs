@@ -166,11 +166,11 @@ impl Drop for RedisServer {
 }
 
 /// Fast failure for the tests' own Redis on loopback.
-const FAST: &str = "command_timeout = \"50ms\"";
+pub const FAST: &str = "command_timeout = \"50ms\"";
 
 /// A config in cluster mode on `redis` (`cluster_lines` added to `[cluster]`, a 100 ms
 /// sync), then `sections`, then one Partner `p` at `/p` on `partner`.
-fn config(
+pub fn config(
     pki: &Pki,
     redis: &RedisServer,
     cluster_lines: &str,
@@ -187,7 +187,7 @@ fn config(
     )
 }
 
-async fn metric(gw: &TestGateway, name: &str) -> Option<f64> {
+pub async fn metric(gw: &TestGateway, name: &str) -> Option<f64> {
     let (_, text) = gw.admin_get("/metrics").await;
     parse_metrics(&text).get(name).copied()
 }

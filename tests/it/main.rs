@@ -3,6 +3,7 @@
 
 mod auth;
 mod cluster;
+mod cluster_replay;
 mod demo;
 mod embedded;
 mod enforcement;

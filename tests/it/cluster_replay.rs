@@ -1,0 +1,380 @@
+//! The replay buffer shared through Redis (issue 12): a `re-stream` reaching an instance
+//! that did not record the stream is served from the copy the recording one wrote, or
+//! forwarded to the Partner when that copy cannot serve every event asked for.
+
+use std::time::{Duration, Instant};
+
+use crate::cluster::{config, metric, RedisServer, FAST};
+use crate::support::*;
+
+/// The copy's keys for task `task` of Partner `p` under the default prefix.
+fn keys(task: &str) -> (String, String) {
+    let tag = format!("aipgw:{{aipgw:replay:1:p:{task}}}");
+    (format!("{tag}:events"), format!("{tag}:meta"))
+}
+
+fn int(v: redis::Value) -> i64 {
+    match v {
+        redis::Value::Int(n) => n,
+        other => panic!("not an integer: {other:?}"),
+    }
+}
+
+/// Waits until `redis` says `cmd` is `want` (the writer runs in the background).
+async fn until_redis(redis: &RedisServer, cmd: &[&str], want: i64, within: Duration) {
+    let start = Instant::now();
+    loop {
+        let got = int(redis.cmd(cmd));
+        if got == want {
+            return;
+        }
+        assert!(
+            start.elapsed() < within,
+            "{cmd:?} is {got}, not {want}, after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Reads events until `want` have come; their `eventSeq`s.
+async fn read_seqs(reply: &mut StreamReply, want: usize) -> Vec<u64> {
+    let mut seqs = Vec::with_capacity(want);
+    while seqs.len() < want {
+        let ev = within(20, reply.next_event())
+            .await
+            .unwrap_or_else(|| panic!("the stream ended after {} events", seqs.len()));
+        let seq = ev
+            .seq()
+            .unwrap_or_else(|| panic!("not an event of the Partner's: {}", ev.json));
+        assert_eq!(ev.json["id"], "r", "the re-stream's own id is spliced in");
+        assert_eq!(ev.sse_id.as_deref(), Some(seq.to_string().as_str()));
+        seqs.push(seq);
+    }
+    seqs
+}
+
+/// Issue test 2: a stream of 1000 events recorded by A; the Leader reads 300 on A, leaves,
+/// and re-streams on B: B delivers 301..1000 once each, in order, then the end; A never
+/// detaches meanwhile although its own Leader left (`detach_timeout` 1 s, the rest of the
+/// stream takes over 2 s): B's follower keeps the stream followed. The Partner never
+/// sees the re-stream; another AIC is refused on B.
+#[tokio::test]
+async fn a_restream_on_another_instance_is_served_from_redis() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let pki = Pki::new();
+    let partner = SsePartner::start(Restream::Error).await;
+    let text = config(
+        &pki,
+        &redis,
+        &format!("{FAST}\n[cluster.replay]\nread_block = \"200ms\""),
+        "[stream]\ndetach_timeout = \"1s\"",
+        &partner.url(),
+    );
+    let (a, b) = (start_gateway(&text).await, start_gateway(&text).await);
+    let leader = pki.leader(LEADER_A, false);
+    let mut first = leader
+        .open_stream(
+            a.addr,
+            "/p/stream",
+            &stream_body("\"s1\"", LEADER_A, "t1", "start", None),
+            &[],
+        )
+        .await;
+    assert_eq!(first.status, 200);
+    let feed = partner.feed("t1").await;
+    feed_events(&feed, 1..=300, None).await;
+    for n in 1..=300 {
+        assert_eq!(within(10, first.next_event()).await.unwrap().seq(), Some(n));
+    }
+    first.disconnect();
+    let (events, _) = keys("t1");
+    until_redis(&redis, &["XLEN", &events], 300, Duration::from_secs(5)).await;
+
+    let stranger = pki.leader(LEADER_B, false);
+    let refused = stranger
+        .post(
+            b.addr,
+            "/p/stream",
+            &stream_body("\"x\"", LEADER_B, "t1", "re-stream", Some(300)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(refused.status, 403, "{}", refused.text());
+    assert_eq!(refused.error().0, -32009);
+
+    let mut again = leader
+        .open_stream(
+            b.addr,
+            "/p/stream",
+            &stream_body("\"r\"", LEADER_A, "t1", "re-stream", Some(300)),
+            &[],
+        )
+        .await;
+    assert_eq!(again.status, 200);
+    let feeding = tokio::spawn(async move {
+        for n in 301..=1000u64 {
+            let state = if n == 1000 { "completed" } else { "working" };
+            feed.send(Ok(sse_event("\"s1\"", n, state))).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(3)).await;
+        }
+        // The Partner closes its stream after the terminal event.
+    });
+    let seqs = read_seqs(&mut again, 700).await;
+    assert_eq!(seqs, (301..=1000).collect::<Vec<_>>());
+    let end = within(10, again.next_event()).await;
+    assert!(
+        end.is_none(),
+        "after the last event: {:?}",
+        end.map(|e| e.json)
+    );
+    feeding.await.unwrap();
+    assert_eq!(
+        partner.commands(),
+        ["start"],
+        "the Partner saw no re-stream"
+    );
+    assert_eq!(
+        metric(&b, "aipgw_restreams_total{served_by=\"cluster\"}").await,
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(&a, "aipgw_streams_ended_total{outcome=\"detach_timeout\"}").await,
+        None,
+        "A cancelled the Partner's stream"
+    );
+}
+
+/// Issue test 3: a re-stream on B from after the copy's trim is served from Redis (history,
+/// then live, then the end); one from an `eventSeq` the copy no longer holds is forwarded
+/// to the Partner.
+#[tokio::test]
+async fn a_restream_from_an_evicted_seq_goes_to_the_partner() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let pki = Pki::new();
+    let replayed = vec![sse_event("\"r\"", 11, "working").to_vec()]
+        .into_iter()
+        .map(|b| String::from_utf8(b).unwrap())
+        .collect();
+    let partner = SsePartner::start(Restream::Events(replayed)).await;
+    let text = config(
+        &pki,
+        &redis,
+        &format!("{FAST}\n[cluster.replay]\nread_block = \"200ms\""),
+        "[replay]\nmax_events_per_stream = 50",
+        &partner.url(),
+    );
+    let (a, b) = (start_gateway(&text).await, start_gateway(&text).await);
+    let leader = pki.leader(LEADER_A, false);
+    let first = leader
+        .open_stream(
+            a.addr,
+            "/p/stream",
+            &stream_body("\"s1\"", LEADER_A, "t3", "start", None),
+            &[],
+        )
+        .await;
+    assert_eq!(first.status, 200);
+    let feed = partner.feed("t3").await;
+    feed_events(&feed, 1..=100, None).await;
+    let (events, meta) = keys("t3");
+    until_redis(&redis, &["XLEN", &events], 50, Duration::from_secs(5)).await;
+    // The copy holds 51..100 once 100 is written.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while redis.cmd(&["HGET", &meta, "trimmed"]) != redis::Value::BulkString(b"51-0".to_vec()) {
+        assert!(Instant::now() < deadline, "the copy was not trimmed to 50");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    // After 50: all held, served from Redis, then live.
+    let mut served = leader
+        .open_stream(
+            b.addr,
+            "/p/stream",
+            &stream_body("\"r\"", LEADER_A, "t3", "re-stream", Some(50)),
+            &[],
+        )
+        .await;
+    assert_eq!(
+        read_seqs(&mut served, 50).await,
+        (51..=100).collect::<Vec<_>>()
+    );
+    feed_events(&feed, 101..=101, Some((101, "completed"))).await;
+    assert_eq!(read_seqs(&mut served, 1).await, [101]);
+    drop(feed);
+    assert!(within(10, served.next_event()).await.is_none());
+    assert_eq!(partner.commands(), ["start"]);
+    assert_eq!(
+        metric(&b, "aipgw_restreams_total{served_by=\"cluster\"}").await,
+        Some(1.0)
+    );
+
+    // After 10 (the stream ended): events 11..50 are gone from the copy: the Partner
+    // answers.
+    let mut forwarded = leader
+        .open_stream(
+            b.addr,
+            "/p/stream",
+            &stream_body("\"r\"", LEADER_A, "t3", "re-stream", Some(10)),
+            &[],
+        )
+        .await;
+    assert_eq!(forwarded.status, 200);
+    assert_eq!(read_seqs(&mut forwarded, 1).await, [11]);
+    assert_eq!(partner.commands(), ["start", "re-stream"]);
+    assert_eq!(
+        metric(&b, "aipgw_restreams_total{served_by=\"partner\"}").await,
+        Some(1.0)
+    );
+
+    drop(first);
+}
+
+/// A re-stream that must go to the Partner (`Restream::Error`: it answers -32004).
+async fn forwarded(leader: &Leader, gw: &TestGateway, task: &str, after: u64) {
+    let r = leader
+        .post(
+            gw.addr,
+            "/p/stream",
+            &stream_body("\"f\"", LEADER_A, task, "re-stream", Some(after)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], -32004, "{}", r.text());
+    assert_eq!(r.json()["id"], "f");
+}
+
+/// Waits until `name` on `gw` reads at least `want`.
+async fn until_at_least(gw: &TestGateway, name: &str, want: f64) {
+    let start = Instant::now();
+    while metric(gw, name).await.unwrap_or(0.0) < want {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{name} below {want}: {:?}",
+            metric(gw, name).await
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// An event that finds the write queue full marks the copy broken: counted as a gap, the
+/// mark reaches Redis, and a re-stream on another instance goes to the Partner instead of
+/// being served with a hole. The recording instance's own Leader gets every event.
+#[tokio::test]
+async fn a_full_write_queue_is_a_gap_never_a_hole() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let pki = Pki::new();
+    let partner = SsePartner::start(Restream::Error).await;
+    let text = config(
+        &pki,
+        &redis,
+        &format!("{FAST}\n[cluster.replay]\nqueue_events = 4\nrecorder_lease_ttl = \"300ms\""),
+        "",
+        &partner.url(),
+    );
+    let (a, b) = (start_gateway(&text).await, start_gateway(&text).await);
+    let leader = pki.leader(LEADER_A, false);
+    let mut first = leader
+        .open_stream(
+            a.addr,
+            "/p/stream",
+            &stream_body("\"s1\"", LEADER_A, "t4", "start", None),
+            &[],
+        )
+        .await;
+    let feed = partner.feed("t4").await;
+    // 50 events in one read: far more than the queue holds.
+    let burst: Vec<u8> = (1..=50)
+        .flat_map(|n| sse_event("\"s1\"", n, "working").to_vec())
+        .collect();
+    feed.send(Ok(burst.into())).await.unwrap();
+    for n in 1..=50 {
+        assert_eq!(within(10, first.next_event()).await.unwrap().seq(), Some(n));
+    }
+    until_at_least(&a, "aipgw_replay_gaps_total{reason=\"queue_full\"}", 1.0).await;
+    let (_, meta) = keys("t4");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while redis.cmd(&["HGET", &meta, "broken"]) != redis::Value::BulkString(b"queue_full".to_vec())
+    {
+        assert!(Instant::now() < deadline, "the gap never reached Redis");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    forwarded(&leader, &b, "t4", 0).await;
+    assert_eq!(partner.commands(), ["start", "re-stream"]);
+    drop(feed);
+}
+
+/// Issue test 5 for the replay: Redis killed: re-streams on another instance are
+/// forwarded, never a 5xx; restarted empty: the lost copy is counted as a gap and not
+/// written again (nor served), while the recording instance's Leader misses nothing.
+#[tokio::test]
+async fn redis_killed_and_restarted_under_a_recorded_stream() {
+    let Some(mut redis) = RedisServer::start() else {
+        return;
+    };
+    let pki = Pki::new();
+    let partner = SsePartner::start(Restream::Error).await;
+    let text = config(&pki, &redis, FAST, "", &partner.url());
+    let (a, b) = (start_gateway(&text).await, start_gateway(&text).await);
+    let leader = pki.leader(LEADER_A, false);
+    let mut first = leader
+        .open_stream(
+            a.addr,
+            "/p/stream",
+            &stream_body("\"s1\"", LEADER_A, "t5", "start", None),
+            &[],
+        )
+        .await;
+    let feed = partner.feed("t5").await;
+    feed_events(&feed, 1..=10, None).await;
+    let (events, meta) = keys("t5");
+    until_redis(&redis, &["XLEN", &events], 10, Duration::from_secs(5)).await;
+
+    redis.kill();
+    forwarded(&leader, &b, "t5", 5).await;
+
+    redis.restart();
+    // Once A reaches Redis again (its quota sync), the next write finds the copy gone.
+    let start = Instant::now();
+    while metric(&a, "aipgw_cluster_redis_up").await != Some(1.0) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "A never reached Redis again"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    feed_events(&feed, 11..=20, None).await;
+    // The first write after the restart finds the copy gone (`lost`), or fails on the
+    // connection Redis dropped (`write_failed`): a gap either way.
+    let start = Instant::now();
+    loop {
+        let text = a.admin_get("/metrics").await.1;
+        let m = parse_metrics(&text);
+        let gaps = ["lost", "write_failed"].map(|r| {
+            m.get(&format!("aipgw_replay_gaps_total{{reason=\"{r}\"}}"))
+                .copied()
+                .unwrap_or(0.0)
+        });
+        if gaps.iter().sum::<f64>() >= 1.0 {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "no gap counted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        int(redis.cmd(&["EXISTS", &meta, &events])),
+        0,
+        "nothing half-written"
+    );
+    forwarded(&leader, &b, "t5", 5).await;
+    for n in 1..=20 {
+        assert_eq!(within(10, first.next_event()).await.unwrap().seq(), Some(n));
+    }
+    assert_eq!(partner.commands(), ["start", "re-stream", "re-stream"]);
+}
