@@ -13,6 +13,11 @@
 //! caller spraying N instances can get ahead by about (N - 1) x (burst + rate x
 //! sync_interval) before the debt comes back (README, "Running several instances").
 //!
+//! A quota marked `strict` is not reconciled: while Redis answers, each request is
+//! checked against it in Redis ([`strict_check`], one script call for all of a request's
+//! strict quotas, GCRA on Redis's clock under `strict:` keys), so it is exact across
+//! instances at the cost of a round trip (for low-rate, expensive limits).
+//!
 //! A failed sync (Redis down, slow, or restarted empty) drops that interval's counts:
 //! the instance has enforced them locally, and charging them later would punish callers
 //! for Redis's outage. Once Redis answers again, syncing resumes at the next interval.
@@ -21,7 +26,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use super::{Cluster, ClusterError};
-use crate::ratelimit::{Hits, Limiter, QuotaRef};
+use crate::ratelimit::{Hits, Limiter, QuotaRef, StrictCheck};
 
 /// Per key: `ARGV` = hits, microseconds per request. Returns each key's debt (TAT ahead
 /// of now) in microseconds. A key expires when its state is fresh again.
@@ -44,16 +49,72 @@ return out
 
 static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(SYNC_SCRIPT));
 
+/// Strict quotas, one request: per key, `ARGV` = microseconds per request, tolerance
+/// (microseconds per request x (burst - 1)). All the keys admit the request or none is
+/// charged: `{0, 0}`, or `{i, wait}` for the first key that refuses and the microseconds
+/// until it would admit.
+const STRICT_SCRIPT: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local tats = {}
+for i, key in ipairs(KEYS) do
+  local period = tonumber(ARGV[2 * i - 1])
+  local tolerance = tonumber(ARGV[2 * i])
+  local tat = tonumber(redis.call('GET', key) or '0')
+  if tat < now then tat = now end
+  if tat - now > tolerance then
+    return {i, math.floor(tat - now - tolerance)}
+  end
+  tats[i] = tat + period
+end
+for i, key in ipairs(KEYS) do
+  redis.call('SET', key, string.format('%.0f', tats[i]), 'PX', math.floor((tats[i] - now) / 1000) + 1000)
+end
+return {0, 0}
+"#;
+
+static STRICT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(STRICT_SCRIPT));
+
+/// Checks one request against strict quotas in Redis: `None` admitted (each charged),
+/// or the first that refuses and how long until it would admit.
+pub(crate) async fn strict_check(
+    cluster: &Cluster,
+    checks: &[StrictCheck],
+) -> Result<Option<(usize, Duration)>, ClusterError> {
+    let mut call = STRICT.prepare_invoke();
+    for c in checks {
+        let period = 1e6 / c.rate.per_second;
+        call.key(cluster.key("rl", &format!("strict:{}", quota_rest(&c.quota))))
+            .arg(period)
+            .arg(period * f64::from(c.rate.burst.max(1) - 1));
+    }
+    let (refused, wait): (usize, i64) = cluster
+        .call("ratelimit_strict", |mut c| async move {
+            call.invoke_async(&mut c).await
+        })
+        .await?;
+    Ok(match refused {
+        0 => None,
+        i => Some((
+            i - 1,
+            Duration::from_micros(u64::try_from(wait).unwrap_or(0)),
+        )),
+    })
+}
+
 /// The Redis key of a quota state: every quota key under one hash tag, so one script
 /// call can touch them all on a Redis Cluster too (the sync is one call per instance per
 /// interval; a shard carries that easily).
 pub(crate) fn quota_key(cluster: &Cluster, quota: &QuotaRef) -> String {
-    let rest = match quota {
+    cluster.key("rl", &quota_rest(quota))
+}
+
+fn quota_rest(quota: &QuotaRef) -> String {
+    match quota {
         QuotaRef::Aic(aic) => format!("aic:{aic}"),
         QuotaRef::AicAtPartner(aic, partner) => format!("at:{partner}:{aic}"),
         QuotaRef::PartnerTotal(partner) => format!("total:{partner}"),
-    };
-    cluster.key("rl", &rest)
+    }
 }
 
 /// Sends `hits` and answers each one's shared debt, in order.

@@ -590,6 +590,10 @@ pub struct RawPartnerLimits {
     /// Each caller at this Partner: burst.
     #[serde(default)]
     pub per_aic_burst: Option<u32>,
+    /// Cluster mode: both quotas above are checked in Redis on every request (see
+    /// `[ratelimit] strict`).
+    #[serde(default)]
+    pub strict: bool,
     /// Requests (and open streams) in flight to this Partner at most.
     #[serde(default)]
     pub max_in_flight: Option<usize>,
@@ -655,6 +659,10 @@ pub struct RawRateLimit {
     /// Default per-AIC burst (default: the rate, rounded up).
     #[serde(default)]
     pub burst: Option<u32>,
+    /// Cluster mode: the default per-AIC quota is checked in Redis on every request
+    /// (exact across instances, one round trip each) instead of reconciled in batches.
+    #[serde(default)]
+    pub strict: bool,
     /// AICs tracked per keyed quota at most; new AICs are refused while full.
     #[serde(default = "default_max_keys")]
     pub max_keys: usize,
@@ -677,6 +685,7 @@ impl Default for RawRateLimit {
         RawRateLimit {
             rate: None,
             burst: None,
+            strict: false,
             max_keys: default_max_keys(),
             sweep_interval: d60s(),
             max_streams_per_aic: None,
@@ -697,6 +706,9 @@ pub struct RawRateOverride {
     /// Burst (default: the rate, rounded up).
     #[serde(default)]
     pub burst: Option<u32>,
+    /// Cluster mode: checked in Redis on every request (see `[ratelimit] strict`).
+    #[serde(default)]
+    pub strict: bool,
 }
 
 fn leader_role() -> Vec<String> {

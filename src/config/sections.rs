@@ -215,7 +215,7 @@ impl TryFrom<&raw::RawRateLimit> for RateLimitSettings {
             bail!("ratelimit.max_streams_per_aic: must be at least 1 (omit it for no limit)");
         }
         let mut limiter = crate::ratelimit::LimiterConfig {
-            default: rate("ratelimit", rl.rate, rl.burst)?,
+            default: rate("ratelimit", rl.rate, rl.burst, rl.strict)?,
             max_keys: rl.max_keys,
             ..Default::default()
         };
@@ -223,7 +223,7 @@ impl TryFrom<&raw::RawRateLimit> for RateLimitSettings {
             let key = format!("ratelimit.aic[{i}]");
             let aic =
                 Aic::parse(&o.aic).map_err(|e| anyhow::anyhow!("{key}.aic: {:?}: {e}", o.aic))?;
-            let r = rate(&key, Some(o.rate), o.burst)?.context("rate")?;
+            let r = rate(&key, Some(o.rate), o.burst, o.strict)?.context("rate")?;
             if limiter.overrides.insert(aic, r).is_some() {
                 bail!("{key}.aic: {} appears twice", o.aic);
             }
@@ -242,6 +242,7 @@ fn rate(
     key: &str,
     per_second: Option<f64>,
     burst: Option<u32>,
+    strict: bool,
 ) -> anyhow::Result<Option<crate::ratelimit::Rate>> {
     match (per_second, burst) {
         (None, None) => Ok(None),
@@ -253,6 +254,7 @@ fn rate(
         (Some(r), b) => Ok(Some(crate::ratelimit::Rate {
             per_second: r,
             burst: b.unwrap_or(r.ceil() as u32).max(1),
+            strict,
         })),
     }
 }
@@ -353,8 +355,8 @@ impl TryFrom<raw::RawPartner> for PartnerConfig {
         let access = crate::policy::PartnerAccess::try_from(&p.access)?;
         let l = &p.limits;
         let rates = crate::ratelimit::PartnerRates {
-            total: rate("limits", l.rate, l.burst)?,
-            per_aic: rate("limits.per_aic", l.per_aic_rate, l.per_aic_burst)?,
+            total: rate("limits", l.rate, l.burst, l.strict)?,
+            per_aic: rate("limits.per_aic", l.per_aic_rate, l.per_aic_burst, l.strict)?,
         };
         if l.max_in_flight == Some(0) {
             bail!("limits.max_in_flight: must be at least 1 (omit it for no limit)");

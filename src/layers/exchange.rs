@@ -155,6 +155,8 @@ pub struct State {
     pub claim: Option<PendingClaim>,
     /// What `Owners` must ask Redis (cluster mode; `Policy`).
     pub owner_lookup: Option<OwnerLookup>,
+    /// Strict quotas `StrictQuota` checks in Redis (cluster mode; `Quota`).
+    pub strict: Vec<crate::ratelimit::StrictCheck>,
     /// The Partner in-flight permit (`Permit`).
     pub permit: Option<InFlightPermit>,
 }
@@ -222,6 +224,7 @@ impl State {
             call: None,
             claim: None,
             owner_lookup: None,
+            strict: Vec::new(),
             permit: None,
         }
     }

@@ -12,6 +12,7 @@
 //! ReadBody       whole body, bounded in size and time, one Bytes
 //! Envelope       borrowed parse (the id to echo), semantics, path method, generation
 //! CatchPanic     a later panic answers -32603 with the id
+//! StrictQuota    cluster mode: quotas marked `strict`, one Redis call per request
 //! Policy         senderId binding, role, access rules, task ownership
 //! Owners         cluster mode: a new claim, or an owner unknown here, asked of Redis
 //! Permit         Partner in-flight permit, held until the answer ends
@@ -22,7 +23,8 @@
 //! Each step is a tower [`Layer`](tower::Layer) over [`Exchange`]: the request and the
 //! facts earlier steps found, passed in fields (not extensions: no allocation). The steps
 //! that judge without waiting are each a [`Check`] behind the one generic [`CheckLayer`];
-//! `ReadBody`, `CatchPanic`, `Respond` and `Forward` have futures of their own. A step
+//! `ReadBody`, `CatchPanic`, `Respond` and `Forward` have futures of their own, and
+//! `StrictQuota` and `Owners` (which may ask Redis) share [`Asking`]. A step
 //! either hands the exchange on (its future is the next step's future, unboxed; a plain
 //! request's whole path allocates only the exchange's state) or
 //! refuses it with a [`Refusal`]; nothing but `Respond` turns a refusal into a response.
@@ -52,6 +54,7 @@ mod respond;
 mod route;
 mod step;
 pub(crate) mod streams;
+mod strict;
 mod trace;
 
 use std::sync::{Arc, LazyLock};
@@ -69,14 +72,15 @@ pub use exchange::{
 };
 pub use forward::{upstream_headers, upstream_request, Forward};
 pub use handoff::{Caller, Handler, HandlerBody, Handoff};
-pub use owners::{Asking, Owners, OwnersLayer};
+pub use owners::{Owners, OwnersLayer};
 pub use permit::{Permit, PermitLayer, PermitStep};
 pub use policy::{Policy, PolicyLayer, PolicyStep};
 pub use quota::{Quota, QuotaLayer, QuotaStep};
 pub use read_body::{ReadBody, ReadBodyLayer};
 pub use respond::{Respond, RespondLayer};
 pub use route::{Route, RouteLayer, RouteStep};
-pub use step::Step;
+pub use step::{Asking, Step};
+pub use strict::{StrictQuota, StrictQuotaLayer};
 pub use trace::{Trace, TraceLayer, TraceStep};
 
 use crate::gateway::Gateway;
@@ -85,7 +89,11 @@ use crate::gateway::Gateway;
 pub type Stack<S> = SetSensitiveRequestHeaders<
     Respond<
         Trace<
-            Authenticate<Route<Quota<ReadBody<Envelope<CatchPanic<Policy<Owners<Permit<S>>>>>>>>>,
+            Authenticate<
+                Route<
+                    Quota<ReadBody<Envelope<CatchPanic<StrictQuota<Policy<Owners<Permit<S>>>>>>>>,
+                >,
+            >,
         >,
     >,
 >;
@@ -115,6 +123,7 @@ pub fn stack<S>(gateway: Arc<Gateway>, conn: Arc<ConnInfo>, last: S) -> Stack<S>
         .layer(ReadBodyLayer)
         .layer(EnvelopeLayer::new())
         .layer(CatchPanicLayer)
+        .layer(StrictQuotaLayer)
         .layer(PolicyLayer::new())
         .layer(OwnersLayer)
         .layer(PermitLayer::new())

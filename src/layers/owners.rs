@@ -6,8 +6,6 @@
 //! decide, as in local mode. In local mode, and for every request `Policy` settled, the
 //! step is a pass-through: the next step's future, unboxed.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -15,6 +13,7 @@ use bytes::Bytes;
 use tower::{Layer, Service};
 
 use super::exchange::{missing_step, Exchange, OwnerLookup, Refusal, Reply};
+use super::step::Asking;
 use crate::cluster::{tasks, Cluster};
 use crate::policy::tasks::{not_task_owner, unknown_task, UnknownTask};
 
@@ -33,36 +32,6 @@ impl<S> Layer<S> for OwnersLayer {
 #[derive(Clone, Debug)]
 pub struct Owners<S> {
     inner: S,
-}
-
-pin_project_lite::pin_project! {
-    #[allow(missing_docs)] // pin-project-lite takes no field docs; the variants say it
-    /// `Owners`' future: the next step's, or (asking Redis) a boxed one.
-    #[project = AskingProj]
-    pub enum Asking<F> {
-        /// Nothing to ask: the next step's future.
-        Next {
-            #[pin] next: F,
-        },
-        /// Redis first, then the next step.
-        Asking {
-            fut: Pin<Box<dyn Future<Output = Result<Reply, Refusal>> + Send>>,
-        },
-    }
-}
-
-impl<F> Future for Asking<F>
-where
-    F: Future<Output = Result<Reply, Refusal>>,
-{
-    type Output = Result<Reply, Refusal>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project() {
-            AskingProj::Next { next } => next.poll(cx),
-            AskingProj::Asking { fut } => fut.as_mut().poll(cx),
-        }
-    }
 }
 
 impl<S> Service<Exchange<Bytes>> for Owners<S>

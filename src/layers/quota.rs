@@ -5,7 +5,8 @@
 //!
 //! In cluster mode, while Redis cannot be reached, `cluster.on_error` decides: `local`
 //! checks as usual (each instance on its own), `open` lets everything through, `closed`
-//! refuses every request a quota applies to (`cluster_unavailable`).
+//! refuses every request a quota applies to (`cluster_unavailable`). A quota marked
+//! `strict` is left to `StrictQuota` while Redis answers.
 
 use super::check::{Check, CheckLayer, Checked, Refuse};
 use super::exchange::{missing_step, Exchange};
@@ -22,12 +23,13 @@ pub type Quota<S> = Checked<QuotaStep, S>;
 
 impl<B> Check<B> for QuotaStep {
     fn check(x: &mut Exchange<B>) -> Result<(), Refuse> {
-        let (Some(caller), Some(route)) = (&x.caller, &x.route) else {
+        let state = &mut **x;
+        let (Some(caller), Some(route)) = (&state.caller, &state.route) else {
             return Err(missing_step().into());
         };
         let partner = Some(route.partner.config.name.as_str());
-        let limiter = &x.snap.limiter;
-        let verdict = match x.snap.cluster.as_deref() {
+        let limiter = &state.snap.limiter;
+        let verdict = match state.snap.cluster.as_deref() {
             Some(c) if !c.is_up() => match c.settings().on_error {
                 OnClusterError::Local => limiter.check(&caller.aic, partner),
                 OnClusterError::Open => Ok(()),
@@ -39,7 +41,9 @@ impl<B> Check<B> for QuotaStep {
                 }
                 OnClusterError::Closed => Ok(()),
             },
-            _ => limiter.check(&caller.aic, partner),
+            // Redis up: strict quotas are left to `StrictQuota`, one call to Redis.
+            Some(_) => limiter.check_sharing(&caller.aic, partner, &mut state.strict),
+            None => limiter.check(&caller.aic, partner),
         };
         let Err(refusal) = verdict else {
             return Ok(());

@@ -35,6 +35,8 @@ pub struct Rate {
     pub per_second: f64,
     /// Requests allowed at once.
     pub burst: u32,
+    /// Cluster mode: checked in Redis on every request ([`Limiter::check_sharing`]).
+    pub strict: bool,
 }
 
 impl Rate {
@@ -60,6 +62,17 @@ pub struct Refusal {
 pub trait Limiter: Send + Sync {
     /// Spends one request of `aic`'s quotas (and, when known, the Partner's).
     fn check(&self, aic: &Aic, partner: Option<&str>) -> Result<(), Refusal>;
+    /// [`Limiter::check`] in cluster mode with Redis up: quotas marked `strict` are not
+    /// checked here but appended to `strict`, for one shared check in Redis.
+    fn check_sharing(
+        &self,
+        aic: &Aic,
+        partner: Option<&str>,
+        strict: &mut Vec<StrictCheck>,
+    ) -> Result<(), Refusal>;
+    /// Spends one request of one quota state here (a strict quota while Redis cannot
+    /// answer, with `cluster.on_error = "local"`).
+    fn check_one(&self, quota: &QuotaRef) -> Result<(), Refusal>;
     /// Whether any quota applies to `aic` (at `partner`).
     fn applies(&self, aic: &Aic, partner: Option<&str>) -> bool;
     /// Forgets keys whose state is back to fresh.
@@ -87,6 +100,17 @@ pub enum QuotaRef {
     AicAtPartner(Aic, Arc<str>),
     /// A Partner's total.
     PartnerTotal(Arc<str>),
+}
+
+/// A strict quota to check in Redis for one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StrictCheck {
+    /// Which state.
+    pub quota: QuotaRef,
+    /// Its rate.
+    pub rate: Rate,
+    /// The refusal's reason.
+    pub reason: &'static str,
 }
 
 /// Requests one quota state admitted since the last sync.
@@ -283,6 +307,70 @@ impl<C: Clock + Clone> GovernorLimiter<C> {
         next
     }
 
+    /// A refusal by a governor limiter, with its wait.
+    fn refused(
+        &self,
+        reason: &'static str,
+    ) -> impl Fn(governor::NotUntil<C::Instant>) -> Refusal + '_ {
+        move |n| Refusal {
+            reason,
+            retry_after: n.wait_time_from(self.clock.now()),
+        }
+    }
+
+    /// Every quota of `aic` (at `partner`), in order; a strict one is handed to `strict`
+    /// instead when given.
+    fn check_all(
+        &self,
+        aic: &Aic,
+        partner: Option<&str>,
+        mut strict: Option<&mut Vec<StrictCheck>>,
+    ) -> Result<(), Refusal> {
+        let mut shared = |quota: &dyn Fn() -> QuotaRef, rate: Rate, reason| match &mut strict {
+            Some(out) if rate.strict => {
+                out.push(StrictCheck {
+                    quota: quota(),
+                    rate,
+                    reason,
+                });
+                true
+            }
+            _ => false,
+        };
+        match self.overrides.get(aic) {
+            Some(own) => {
+                if !shared(&|| QuotaRef::Aic(*aic), own.rate, "aic_rate") {
+                    own.limiter.check().map_err(self.refused("aic_rate"))?;
+                }
+            }
+            None => {
+                if let Some(k) = &self.default {
+                    if !shared(&|| QuotaRef::Aic(*aic), k.rate, "aic_rate") {
+                        self.keyed_check(k, aic, "aic_rate")?;
+                    }
+                }
+            }
+        }
+        if let Some(p) = partner.and_then(|name| self.partners.get(name)) {
+            if let Some(k) = &p.per_aic {
+                let quota = || QuotaRef::AicAtPartner(*aic, p.name.clone());
+                if !shared(&quota, k.rate, "aic_partner_rate") {
+                    self.keyed_check(k, aic, "aic_partner_rate")?;
+                }
+            }
+            if let Some(total) = &p.total {
+                let quota = || QuotaRef::PartnerTotal(p.name.clone());
+                if !shared(&quota, total.rate, "partner_rate") {
+                    total
+                        .limiter
+                        .check()
+                        .map_err(self.refused("partner_rate"))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn keyed_check(
         &self,
         k: &KeyedLimit<C>,
@@ -318,29 +406,40 @@ where
     C::Instant: Send + Sync,
 {
     fn check(&self, aic: &Aic, partner: Option<&str>) -> Result<(), Refusal> {
-        let refused = |reason| {
-            move |n: governor::NotUntil<C::Instant>| Refusal {
-                reason,
-                retry_after: n.wait_time_from(self.clock.now()),
+        self.check_all(aic, partner, None)
+    }
+
+    fn check_sharing(
+        &self,
+        aic: &Aic,
+        partner: Option<&str>,
+        strict: &mut Vec<StrictCheck>,
+    ) -> Result<(), Refusal> {
+        self.check_all(aic, partner, Some(strict))
+    }
+
+    fn check_one(&self, quota: &QuotaRef) -> Result<(), Refusal> {
+        match quota {
+            QuotaRef::Aic(aic) => match self.overrides.get(aic) {
+                Some(own) => own.limiter.check().map_err(self.refused("aic_rate")),
+                None => match &self.default {
+                    Some(k) => self.keyed_check(k, aic, "aic_rate"),
+                    None => Ok(()),
+                },
+            },
+            QuotaRef::AicAtPartner(aic, name) => {
+                match self.partners.get(&**name).and_then(|p| p.per_aic.as_ref()) {
+                    Some(k) => self.keyed_check(k, aic, "aic_partner_rate"),
+                    None => Ok(()),
+                }
             }
-        };
-        match self.overrides.get(aic) {
-            Some(own) => own.limiter.check().map_err(refused("aic_rate"))?,
-            None => {
-                if let Some(k) = &self.default {
-                    self.keyed_check(k, aic, "aic_rate")?;
+            QuotaRef::PartnerTotal(name) => {
+                match self.partners.get(&**name).and_then(|p| p.total.as_ref()) {
+                    Some(d) => d.limiter.check().map_err(self.refused("partner_rate")),
+                    None => Ok(()),
                 }
             }
         }
-        if let Some(p) = partner.and_then(|name| self.partners.get(name)) {
-            if let Some(k) = &p.per_aic {
-                self.keyed_check(k, aic, "aic_partner_rate")?;
-            }
-            if let Some(total) = &p.total {
-                total.limiter.check().map_err(refused("partner_rate"))?;
-            }
-        }
-        Ok(())
     }
 
     fn applies(&self, aic: &Aic, partner: Option<&str>) -> bool {
@@ -475,6 +574,7 @@ mod tests {
             default: Some(Rate {
                 per_second: 2.0,
                 burst: 5,
+                strict: false,
             }),
             max_keys: 1000,
             ..Default::default()
@@ -509,10 +609,12 @@ mod tests {
                 total: Some(Rate {
                     per_second: 1.0,
                     burst: 4,
+                    strict: false,
                 }),
                 per_aic: Some(Rate {
                     per_second: 1.0,
                     burst: 2,
+                    strict: false,
                 }),
             },
         );
@@ -520,12 +622,14 @@ mod tests {
             default: Some(Rate {
                 per_second: 1.0,
                 burst: 1,
+                strict: false,
             }),
             overrides: [(
                 special,
                 Rate {
                     per_second: 1.0,
                     burst: 100,
+                    strict: false,
                 },
             )]
             .into(),
@@ -566,6 +670,7 @@ mod tests {
             default: Some(Rate {
                 per_second: 10.0,
                 burst: 10,
+                strict: false,
             }),
             max_keys: 50_000,
             ..Default::default()
@@ -594,7 +699,11 @@ mod tests {
     /// Hole 2: a reload keeps the state of unchanged quotas and resets changed ones.
     #[test]
     fn reconfigured_keeps_unchanged_quotas() {
-        let rate = |per_second, burst| Rate { per_second, burst };
+        let rate = |per_second, burst| Rate {
+            per_second,
+            burst,
+            strict: false,
+        };
         let mut partners = HashMap::new();
         partners.insert(
             "p".to_owned(),
@@ -659,6 +768,7 @@ mod tests {
                 per_aic: Some(Rate {
                     per_second: 1.0,
                     burst: 1,
+                    strict: false,
                 }),
             },
         );
@@ -666,6 +776,7 @@ mod tests {
             default: Some(Rate {
                 per_second: 100.0,
                 burst: 100,
+                strict: false,
             }),
             partners,
             max_keys: 10,
@@ -697,7 +808,11 @@ mod tests {
     /// refuses until it is paid, for keyed and unkeyed quotas alike.
     #[test]
     fn counts_are_taken_once_and_a_shared_debt_is_enforced() {
-        let rate = |per_second, burst| Rate { per_second, burst };
+        let rate = |per_second, burst| Rate {
+            per_second,
+            burst,
+            strict: false,
+        };
         let special = aic(9);
         let cfg = LimiterConfig {
             default: Some(rate(1.0, 2)),
