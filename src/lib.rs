@@ -14,10 +14,13 @@
 //!             current snapshot) -> Trace (request id, trace context) -> Authenticate
 //!             (verdict as of now, block list) -> Route (POST, host + path -> Partner)
 //!             -> Quota (before the body) -> ReadBody (size + time bounded, one Bytes)
-//!             -> Envelope (borrowed parse: the id; semantics) -> CatchPanic -> Policy
-//!             (senderId, role, access rules, task ownership) -> Permit (Partner in
-//!             flight) -> Forward (same Bytes to the Partner; answer::vet; relayed back;
-//!             `stream`: layers::streams records it, and may answer a `re-stream`)
+//!             -> Envelope (borrowed parse: the id; semantics) -> CatchPanic ->
+//!             StrictQuota (cluster mode: strict quotas in Redis) -> Policy (senderId,
+//!             role, access rules, task ownership) -> Owners (cluster mode: task owners
+//!             in Redis) -> Permit (Partner in flight) -> Forward (same Bytes to the
+//!             Partner; answer::vet; relayed back; `stream`: layers::streams records
+//!             it, and may answer a `re-stream` from this instance's buffer or, in
+//!             cluster mode, another's copy in Redis)
 //!             or, for a Partner embedding the path, Handoff (its own handler)
 //! error       every failure is one GatewayError, refused with the request id as a
 //!             layers::Refusal and turned into a response in exactly one place
@@ -51,6 +54,8 @@
 //! - `outcome`: how a body ended after its head was sent (access log, metrics).
 //! - `access_log`: the request's log line and metrics, filled along the pipeline and
 //!   written once when the response body ends.
+//! - [`cluster`]: several instances sharing quotas, task owners, open-stream counts and
+//!   the replay buffer through Redis (`[cluster] mode = "redis"`).
 //! - `upkeep`: one timer sweeping idle limiter entries, expired replay records and
 //!   task owners.
 //! - [`error`]: the one error type and its mapping.

@@ -6,14 +6,18 @@
 //! - quotas (`ratelimit`): each instance decides locally, as in `local` mode, and every
 //!   `cluster.ratelimit.sync_interval` reports what it admitted per quota key to one
 //!   script, which keeps the shared GCRA state and answers each key's shared debt; the
-//!   instance raises its own state to it. No Redis round trip on the request path.
+//!   instance raises its own state to it. No Redis round trip on the request path, but
+//!   for quotas marked `strict` (one script call per request).
 //! - task owners (`tasks`): a `start` claims its `taskId` in Redis, so another AIC is
 //!   refused on every instance; owners learned from Redis are cached.
 //! - open streams per AIC (`streams`): a lease per stream in a sorted set per AIC.
+//! - the replay buffer: the recording instance writes each stream to a Redis Stream
+//!   (`replay`), and another instance serves a `re-stream` from it (`restream`).
 //!
 //! Redis down or slow: every command is bounded by `command_timeout`; quotas then follow
 //! `on_error` (`local`: each instance on its own; `open`: not enforced; `closed`:
-//! refused), task owners fall back to the instance's own memory. Nothing waits past the
+//! refused), task owners fall back to the instance's own memory, re-streams go to the
+//! Partner and copies being written get a gap. Nothing on the request path waits past the
 //! timeout and nothing answers 5xx because of Redis.
 
 pub(crate) mod ratelimit;
