@@ -378,3 +378,61 @@ async fn redis_killed_and_restarted_under_a_recorded_stream() {
     }
     assert_eq!(partner.commands(), ["start", "re-stream", "re-stream"]);
 }
+
+/// The recorder's lease gone (its instance died, or lost Redis): a Leader following the
+/// copy on another instance gets an error event (`recorder_lost`, its last `eventSeq`)
+/// instead of waiting forever, and its next re-stream is forwarded to the Partner.
+#[tokio::test]
+async fn a_lost_recorder_ends_remote_followers_and_restreams_go_to_the_partner() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let pki = Pki::new();
+    let partner = SsePartner::start(Restream::Error).await;
+    let text = config(
+        &pki,
+        &redis,
+        &format!("{FAST}\n[cluster.replay]\nread_block = \"100ms\"\nrecorder_lease_ttl = \"60s\""),
+        "",
+        &partner.url(),
+    );
+    let (a, b) = (start_gateway(&text).await, start_gateway(&text).await);
+    let leader = pki.leader(LEADER_A, false);
+    let first = leader
+        .open_stream(
+            a.addr,
+            "/p/stream",
+            &stream_body("\"s1\"", LEADER_A, "t6", "start", None),
+            &[],
+        )
+        .await;
+    let feed = partner.feed("t6").await;
+    feed_events(&feed, 1..=5, None).await;
+    let (events, _) = keys("t6");
+    until_redis(&redis, &["XLEN", &events], 5, Duration::from_secs(5)).await;
+    let mut follower = leader
+        .open_stream(
+            b.addr,
+            "/p/stream",
+            &stream_body("\"r\"", LEADER_A, "t6", "re-stream", Some(2)),
+            &[],
+        )
+        .await;
+    assert_eq!(read_seqs(&mut follower, 3).await, [3, 4, 5]);
+
+    // As if A died: its lease goes (renewed only every 20 s here).
+    let lease = events.replace(":events", ":recorder");
+    assert_eq!(int(redis.cmd(&["DEL", &lease])), 1);
+    let last = within(10, follower.next_event()).await.unwrap();
+    assert_eq!(
+        last.json["error"]["data"]["reason"], "recorder_lost",
+        "{}",
+        last.json
+    );
+    assert_eq!(last.json["error"]["data"]["lastEventSeq"], 5);
+    assert_eq!(last.json["id"], "r");
+    assert!(within(10, follower.next_event()).await.is_none());
+    forwarded(&leader, &b, "t6", 5).await;
+    assert_eq!(partner.commands(), ["start", "re-stream"]);
+    drop((first, feed));
+}
