@@ -57,19 +57,28 @@ redis.call('PEXPIRE', KEYS[2], ARGV[5])
 return 1
 "#;
 
-/// `KEYS` events, meta, recorder; `ARGV` entry id, kind (`d` event, `e` end), data
-/// (event bytes or end reason), id range (`start:len`), entries kept, TTL ms. 1 written; -1
-/// the copy is gone (Redis lost it); -2 it is marked broken; -3 the id is not above the
-/// last one (an `eventSeq` out of order).
+/// `KEYS` events, meta, recorder; `ARGV` entries kept, live TTL ms, finished TTL ms,
+/// then per entry: id, kind (`d` event, `e` end), data (event bytes or end reason), id
+/// range (`start:len`). All of one stream's entries of a write batch in one call. 1
+/// written; -1 the copy is gone (Redis lost it); -2 it is marked broken; -3 an id is not
+/// above the last one (an `eventSeq` out of order: the copy is marked broken).
 const APPEND: &str = r#"
 if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
 if redis.call('HEXISTS', KEYS[2], 'broken') == 1 then return -2 end
-local r = redis.pcall('XADD', KEYS[1], ARGV[1], ARGV[2], ARGV[3], 'i', ARGV[4])
-if type(r) == 'table' and r.err then
-  redis.call('HSET', KEYS[2], 'broken', 'order')
-  return -3
+local ttl = ARGV[2]
+for i = 4, #ARGV, 4 do
+  local r = redis.pcall('XADD', KEYS[1], ARGV[i], ARGV[i + 1], ARGV[i + 2], 'i', ARGV[i + 3])
+  if type(r) == 'table' and r.err then
+    redis.call('HSET', KEYS[2], 'broken', 'order')
+    return -3
+  end
+  if ARGV[i + 1] == 'e' then
+    redis.call('HSET', KEYS[2], 'end', ARGV[i + 2])
+    redis.call('DEL', KEYS[3])
+    ttl = ARGV[3]
+  end
 end
-local over = redis.call('XLEN', KEYS[1]) - tonumber(ARGV[5])
+local over = redis.call('XLEN', KEYS[1]) - tonumber(ARGV[1])
 if over > 0 then
   local gone = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', over)
   local last = gone[#gone][1]
@@ -77,12 +86,8 @@ if over > 0 then
   redis.call('XTRIM', KEYS[1], 'MINID', ms .. '-' .. string.format('%d', tonumber(sq) + 1))
   redis.call('HSET', KEYS[2], 'trimmed', last)
 end
-if ARGV[2] == 'e' then
-  redis.call('HSET', KEYS[2], 'end', ARGV[3])
-  redis.call('DEL', KEYS[3])
-end
-redis.call('PEXPIRE', KEYS[1], ARGV[6])
-redis.call('PEXPIRE', KEYS[2], ARGV[6])
+redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('PEXPIRE', KEYS[2], ttl)
 return 1
 "#;
 
@@ -451,70 +456,109 @@ pub(crate) async fn write_loop(cluster: Arc<Cluster>) {
     }
 }
 
-fn invocation(cluster: &Cluster, op: &Op) -> redis::Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    match op {
-        Op::Open {
-            stream,
-            owner,
-            session,
-        } => {
-            let k = &stream.keys;
-            cmd.arg(OPEN_SCRIPT.get_hash())
-                .arg(3)
-                .arg(&k.events)
-                .arg(&k.meta)
-                .arg(&k.recorder)
-                .arg(owner)
-                .arg(session)
-                .arg(&cluster.settings.instance_id)
-                .arg(ms(cluster.settings.replay.recorder_lease_ttl))
-                .arg(stream.live_ttl(cluster));
+/// What one command of a write batch does for its stream.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Does {
+    Open,
+    Append { ends: bool },
+}
+
+/// One script call: a stream's start, or all its entries of the batch, in order.
+#[derive(Clone)]
+struct Command {
+    stream: Arc<MirrorStream>,
+    does: Does,
+    cmd: redis::Cmd,
+}
+
+/// The batch as script calls: per stream, its start (if in the batch), then one call for
+/// all its entries (per stream order kept; streams are independent of each other). One
+/// call per stream instead of one per event keeps Redis's per-script cost off each event.
+fn commands(cluster: &Cluster, ops: Vec<Op>) -> Vec<Command> {
+    let mut out: Vec<Command> = Vec::new();
+    for op in ops {
+        let stream = op.stream().clone();
+        if stream.broken.load(Ordering::Acquire) {
+            continue;
         }
-        Op::Append { stream, id, entry } => {
-            let k = &stream.keys;
-            cmd.arg(APPEND_SCRIPT.get_hash())
-                .arg(3)
-                .arg(&k.events)
-                .arg(&k.meta)
-                .arg(&k.recorder)
-                .arg(id.to_string())
-                .arg("d")
-                .arg(entry.bytes.as_ref())
-                .arg(format!("{}:{}", entry.id_start, entry.id_len))
-                .arg(stream.maxlen)
-                .arg(stream.live_ttl(cluster));
-        }
-        Op::End { stream, id, reason } => {
-            let k = &stream.keys;
-            cmd.arg(APPEND_SCRIPT.get_hash())
-                .arg(3)
-                .arg(&k.events)
-                .arg(&k.meta)
-                .arg(&k.recorder)
-                .arg(id.to_string())
-                .arg("e")
-                .arg(*reason)
-                .arg("0:0")
-                .arg(stream.maxlen)
-                .arg(ms(stream.retention));
+        let k = &stream.keys;
+        let (id, kind, data, range): (EntryId, &str, &[u8], String) = match &op {
+            Op::Open { owner, session, .. } => {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(OPEN_SCRIPT.get_hash())
+                    .arg(3)
+                    .arg(&k.events)
+                    .arg(&k.meta)
+                    .arg(&k.recorder)
+                    .arg(owner)
+                    .arg(session)
+                    .arg(&cluster.settings.instance_id)
+                    .arg(ms(cluster.settings.replay.recorder_lease_ttl))
+                    .arg(stream.live_ttl(cluster));
+                out.push(Command {
+                    stream,
+                    does: Does::Open,
+                    cmd,
+                });
+                continue;
+            }
+            Op::Append { id, entry, .. } => (
+                *id,
+                "d",
+                entry.bytes.as_ref(),
+                format!("{}:{}", entry.id_start, entry.id_len),
+            ),
+            Op::End { id, reason, .. } => (*id, "e", reason.as_bytes(), "0:0".to_owned()),
+        };
+        let last = out
+            .iter_mut()
+            .rev()
+            .find(|c| Arc::ptr_eq(&c.stream, &stream));
+        let command = match last {
+            Some(c) if matches!(c.does, Does::Append { .. }) => c,
+            _ => {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(APPEND_SCRIPT.get_hash())
+                    .arg(3)
+                    .arg(&k.events)
+                    .arg(&k.meta)
+                    .arg(&k.recorder)
+                    .arg(stream.maxlen)
+                    .arg(stream.live_ttl(cluster))
+                    .arg(ms(stream.retention));
+                out.push(Command {
+                    stream: stream.clone(),
+                    does: Does::Append { ends: false },
+                    cmd,
+                });
+                out.last_mut().expect("just pushed")
+            }
+        };
+        command
+            .cmd
+            .arg(id.to_string())
+            .arg(kind)
+            .arg(data)
+            .arg(range);
+        if kind == "e" {
+            command.does = Does::Append { ends: true };
         }
     }
-    cmd
+    out
 }
 
 /// Writes one batch; streams whose write failed are marked broken. Scripts Redis does not
-/// know (it restarted) are loaded and only the writes it refused for that are sent again.
-async fn write(cluster: &Arc<Cluster>, mut ops: Vec<Op>) {
-    ops.retain(|op| !op.stream().broken.load(Ordering::Acquire));
+/// know (it restarted) are loaded and only the calls it refused for that are sent again.
+async fn write(cluster: &Arc<Cluster>, ops: Vec<Op>) {
+    let mut cmds = commands(cluster, ops);
     for attempt in 0..2 {
-        if ops.is_empty() {
+        if cmds.is_empty() {
             return;
         }
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
-        for op in &ops {
-            pipe.add_command(invocation(cluster, op));
+        for c in &cmds {
+            pipe.add_command(c.cmd.clone());
         }
         let timeout = cluster.settings.replay.write_timeout;
         let sent = cluster
@@ -524,45 +568,43 @@ async fn write(cluster: &Arc<Cluster>, mut ops: Vec<Op>) {
             })
             .await;
         let results = match sent {
-            Ok(r) if r.len() == ops.len() => r,
+            Ok(r) if r.len() == cmds.len() => r,
             _ => {
-                for op in &ops {
-                    cluster.break_copy(op.stream(), "write_failed");
+                for c in &cmds {
+                    cluster.break_copy(&c.stream, "write_failed");
                 }
                 return;
             }
         };
         let mut unknown_script = Vec::new();
-        for (op, result) in ops.into_iter().zip(results) {
+        for (c, result) in cmds.into_iter().zip(results) {
             match result {
-                Ok(1) => match op {
-                    Op::Open { stream, .. } => stream.opened.store(true, Ordering::Release),
-                    Op::End { stream, .. } => stream.closed.store(true, Ordering::Release),
-                    Op::Append { .. } => {}
+                Ok(1) => match c.does {
+                    Does::Open => c.stream.opened.store(true, Ordering::Release),
+                    Does::Append { ends: true } => c.stream.closed.store(true, Ordering::Release),
+                    Does::Append { ends: false } => {}
                 },
-                Ok(-1) => cluster.break_copy(op.stream(), "lost"),
-                Ok(-3) => cluster.break_copy(op.stream(), "order"),
+                Ok(-1) => cluster.break_copy(&c.stream, "lost"),
+                Ok(-3) => cluster.break_copy(&c.stream, "order"),
                 // Already marked in Redis.
-                Ok(_) => {
-                    op.stream().broken.store(true, Ordering::Release);
-                }
+                Ok(_) => c.stream.broken.store(true, Ordering::Release),
                 Err(e)
                     if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
                 {
-                    unknown_script.push(op)
+                    unknown_script.push(c)
                 }
-                Err(_) => cluster.break_copy(op.stream(), "write_failed"),
+                Err(_) => cluster.break_copy(&c.stream, "write_failed"),
             }
         }
         if unknown_script.is_empty() {
             return;
         }
         if attempt == 0 && load_scripts(cluster).await.is_ok() {
-            ops = unknown_script;
+            cmds = unknown_script;
             continue;
         }
-        for op in &unknown_script {
-            cluster.break_copy(op.stream(), "write_failed");
+        for c in &unknown_script {
+            cluster.break_copy(&c.stream, "write_failed");
         }
         return;
     }
