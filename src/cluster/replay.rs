@@ -11,9 +11,11 @@
 //!   first, so the last entry removed is known (an approximate `MAXLEN ~` trim removes
 //!   whole nodes unseen, which would leave "was the event I need trimmed?" unanswerable
 //!   for Partners whose `eventSeq` skips numbers).
-//! - `meta`: a hash: `owner` (AIC), `session`, `recorder` (instance id), `trimmed` (the
-//!   last entry removed), `end`, `broken` (the copy has a gap: it is never served again,
-//!   the re-stream goes to the Partner).
+//! - `meta`: a hash: `owner` (AIC), `session`, `recorder` (the recording's token: every
+//!   write and renewal checks it, so a recorder whose copy was started anew elsewhere
+//!   stops instead of mixing into it), `trimmed` (the last entry removed), `end`,
+//!   `broken` (the copy has a gap: it is never served again, the re-stream goes to the
+//!   Partner).
 //! - `recorder`: the recording instance's lease (`PX recorder_lease_ttl`, renewed every
 //!   third of it, deleted at the end); a live stream without it is not served.
 //! - `followed`: set by an instance following the stream for a Leader (see
@@ -46,8 +48,8 @@ use crate::sse::replay::{
     StreamRecord, NO_SEQ,
 };
 
-/// `KEYS` events, meta, recorder; `ARGV` owner, session (`""`: none), instance, lease
-/// ms, TTL ms. Starts a stream's copy (replacing an earlier one).
+/// `KEYS` events, meta, recorder; `ARGV` owner, session (`""`: none), recorder token,
+/// lease ms, TTL ms. Starts a stream's copy (replacing an earlier one).
 const OPEN: &str = r#"
 redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('HSET', KEYS[2], 'owner', ARGV[1], 'recorder', ARGV[3])
@@ -59,14 +61,16 @@ return 1
 
 /// `KEYS` events, meta, recorder; `ARGV` entries kept, live TTL ms, finished TTL ms,
 /// then per entry: id, kind (`d` event, `e` end), data (event bytes or end reason), id
-/// range (`start:len`). All of one stream's entries of a write batch in one call. 1
-/// written; -1 the copy is gone (Redis lost it); -2 it is marked broken; -3 an id is not
-/// above the last one (an `eventSeq` out of order: the copy is marked broken).
+/// range (`start:len`), after the recorder token (`ARGV[4]`). All of one stream's entries
+/// of a write batch in one call. 1 written; -1 the copy is gone (Redis lost it); -2 it is
+/// marked broken; -3 an id is not above the last one (an `eventSeq` out of order: the
+/// copy is marked broken); -4 another recorder started the task's copy anew.
 const APPEND: &str = r#"
 if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
+if redis.call('HGET', KEYS[2], 'recorder') ~= ARGV[4] then return -4 end
 if redis.call('HEXISTS', KEYS[2], 'broken') == 1 then return -2 end
 local ttl = ARGV[2]
-for i = 4, #ARGV, 4 do
+for i = 5, #ARGV, 4 do
   local r = redis.pcall('XADD', KEYS[1], ARGV[i], ARGV[i + 1], ARGV[i + 2], 'i', ARGV[i + 3])
   if type(r) == 'table' and r.err then
     redis.call('HSET', KEYS[2], 'broken', 'order')
@@ -91,10 +95,11 @@ redis.call('PEXPIRE', KEYS[2], ttl)
 return 1
 "#;
 
-/// `KEYS` events, meta, recorder; `ARGV` instance, lease ms, TTL ms. 1 renewed; 2 it
-/// ended meanwhile; 0 the copy is gone or broken.
+/// `KEYS` events, meta, recorder; `ARGV` recorder token, lease ms, TTL ms. 1 renewed; 2
+/// it ended meanwhile; 3 another recorder started it anew; 0 the copy is gone or broken.
 const RENEW: &str = r#"
 if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
+if redis.call('HGET', KEYS[2], 'recorder') ~= ARGV[1] then return 3 end
 if redis.call('HEXISTS', KEYS[2], 'broken') == 1 then return 0 end
 if redis.call('HEXISTS', KEYS[2], 'end') == 1 then return 2 end
 redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2])
@@ -103,10 +108,13 @@ redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return 1
 "#;
 
-/// `KEYS` meta, recorder; `ARGV` reason. Marks a copy broken (if Redis still has it).
+/// `KEYS` meta, recorder; `ARGV` reason, recorder token. Marks a copy broken (if Redis
+/// still has it and it is still this recorder's).
 const BREAK: &str = r#"
-if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'broken', ARGV[1]) end
-redis.call('DEL', KEYS[2])
+if redis.call('HGET', KEYS[1], 'recorder') == ARGV[2] then
+  redis.call('HSET', KEYS[1], 'broken', ARGV[1])
+  redis.call('DEL', KEYS[2])
+end
 return 1
 "#;
 
@@ -177,6 +185,10 @@ impl std::fmt::Display for EntryId {
 pub(crate) struct MirrorStream {
     /// Its place in `Mirror::live`.
     reg: u64,
+    /// This recording's name in the copy's meta (instance id and a number unique in the
+    /// process): a recorder whose copy another one started anew (a re-stream forwarded
+    /// elsewhere while it still ran) stops writing instead of mixing into it.
+    token: String,
     keys: ReplayKeys,
     /// The replay's `max_events_per_stream` when the stream opened.
     maxlen: usize,
@@ -309,8 +321,11 @@ pub(crate) fn mirrored(
     limits: &crate::sse::memory::ReplayLimits,
 ) -> Arc<dyn StreamRecord> {
     let reg = cluster.mirror.next.fetch_add(1, Ordering::Relaxed);
+    static RECORDINGS: AtomicU64 = AtomicU64::new(0);
+    let n = RECORDINGS.fetch_add(1, Ordering::Relaxed);
     let stream = Arc::new(MirrorStream {
         reg,
+        token: format!("{}:{n}", cluster.settings.instance_id),
         keys: ReplayKeys::new(cluster, key),
         maxlen: limits.max_events_per_stream,
         retention: limits.retention,
@@ -492,7 +507,7 @@ fn commands(cluster: &Cluster, ops: Vec<Op>) -> Vec<Command> {
                     .arg(&k.recorder)
                     .arg(owner)
                     .arg(session)
-                    .arg(&cluster.settings.instance_id)
+                    .arg(&stream.token)
                     .arg(ms(cluster.settings.replay.recorder_lease_ttl))
                     .arg(stream.live_ttl(cluster));
                 out.push(Command {
@@ -525,7 +540,8 @@ fn commands(cluster: &Cluster, ops: Vec<Op>) -> Vec<Command> {
                     .arg(&k.recorder)
                     .arg(stream.maxlen)
                     .arg(stream.live_ttl(cluster))
-                    .arg(ms(stream.retention));
+                    .arg(ms(stream.retention))
+                    .arg(&stream.token);
                 out.push(Command {
                     stream: stream.clone(),
                     does: Does::Append { ends: false },
@@ -586,6 +602,7 @@ async fn write(cluster: &Arc<Cluster>, ops: Vec<Op>) {
                 },
                 Ok(-1) => cluster.break_copy(&c.stream, "lost"),
                 Ok(-3) => cluster.break_copy(&c.stream, "order"),
+                Ok(-4) => replaced(&c.stream),
                 // Already marked in Redis.
                 Ok(_) => c.stream.broken.store(true, Ordering::Release),
                 Err(e)
@@ -608,6 +625,14 @@ async fn write(cluster: &Arc<Cluster>, ops: Vec<Op>) {
         }
         return;
     }
+}
+
+/// Another recorder started this task's copy anew: this one stops writing and renewing,
+/// and leaves that copy alone (no gap: the copy is whole, just not this recording's).
+fn replaced(stream: &MirrorStream) {
+    tracing::debug!(key = %stream.keys.events, "replay copy started anew by another recorder: no longer written here");
+    stream.broken.store(true, Ordering::Release);
+    stream.closed.store(true, Ordering::Release);
 }
 
 async fn load_scripts(cluster: &Cluster) -> Result<(), super::ClusterError> {
@@ -661,14 +686,15 @@ async fn renew(cluster: &Arc<Cluster>) {
                     .arg(2)
                     .arg(&k.meta)
                     .arg(&k.recorder)
-                    .arg(reason),
+                    .arg(reason)
+                    .arg(&s.token),
                 None => cmd
                     .arg(RENEW_SCRIPT.get_hash())
                     .arg(3)
                     .arg(&k.events)
                     .arg(&k.meta)
                     .arg(&k.recorder)
-                    .arg(&cluster.settings.instance_id)
+                    .arg(&s.token)
                     .arg(lease)
                     .arg(s.live_ttl(cluster)),
             };
@@ -703,6 +729,10 @@ async fn renew(cluster: &Arc<Cluster>) {
                     drop(live);
                     cluster.break_copy(s, "lost");
                     live = lock(&cluster.mirror.live);
+                }
+                (false, Ok(3)) => {
+                    replaced(s);
+                    live.remove(id);
                 }
                 _ => {}
             }

@@ -436,3 +436,72 @@ async fn a_lost_recorder_ends_remote_followers_and_restreams_go_to_the_partner()
     assert_eq!(partner.commands(), ["start", "re-stream"]);
     drop((first, feed));
 }
+
+/// A re-stream forwarded to the Partner on B while A still records the task starts the
+/// copy anew for B's recording; A's later events and end stay out of it (they would
+/// otherwise land in B's copy after B's end).
+#[tokio::test]
+async fn a_copy_started_anew_elsewhere_is_left_to_its_new_recorder() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let pki = Pki::new();
+    let replayed = [(2, "working"), (3, "completed")]
+        .map(|(n, s)| String::from_utf8(sse_event("\"r\"", n, s).to_vec()).unwrap())
+        .to_vec();
+    let partner = SsePartner::start(Restream::Events(replayed)).await;
+    let text = config(
+        &pki,
+        &redis,
+        FAST,
+        "[replay]\nmax_events_per_stream = 5",
+        &partner.url(),
+    );
+    let (a, b) = (start_gateway(&text).await, start_gateway(&text).await);
+    let leader = pki.leader(LEADER_A, false);
+    let mut first = leader
+        .open_stream(
+            a.addr,
+            "/p/stream",
+            &stream_body("\"s1\"", LEADER_A, "t7", "start", None),
+            &[],
+        )
+        .await;
+    let feed = partner.feed("t7").await;
+    feed_events(&feed, 1..=10, None).await;
+    let (events, meta) = keys("t7");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while redis.cmd(&["HGET", &meta, "trimmed"]) != redis::Value::BulkString(b"6-0".to_vec()) {
+        assert!(Instant::now() < deadline, "the copy was not trimmed to 5");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut again = leader
+        .open_stream(
+            b.addr,
+            "/p/stream",
+            &stream_body("\"r\"", LEADER_A, "t7", "re-stream", Some(1)),
+            &[],
+        )
+        .await;
+    assert_eq!(read_seqs(&mut again, 2).await, [2, 3]);
+    assert!(within(10, again.next_event()).await.is_none());
+    // B's copy: 2, 3 and its end.
+    until_redis(&redis, &["XLEN", &events], 3, Duration::from_secs(5)).await;
+
+    feed_events(&feed, 11..=12, Some((12, "completed"))).await;
+    drop(feed);
+    for n in 1..=12 {
+        assert_eq!(within(10, first.next_event()).await.unwrap().seq(), Some(n));
+    }
+    assert!(within(10, first.next_event()).await.is_none());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        int(redis.cmd(&["XLEN", &events])),
+        3,
+        "A wrote into B's copy"
+    );
+    assert_eq!(
+        metric(&a, "aipgw_replay_gaps_total{reason=\"order\"}").await,
+        None
+    );
+}
