@@ -279,6 +279,12 @@ impl Cluster {
     }
 }
 
+/// A mutex's guard; a poisoned one (a panic while held) is taken as it is: the maps it
+/// guards stay consistent between operations.
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn client(settings: &ClusterSettings) -> anyhow::Result<redis::Client> {
     let url = settings.redis_url.as_str();
     if !url.starts_with("rediss://") {

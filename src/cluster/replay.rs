@@ -42,7 +42,7 @@ use bytes::Bytes;
 use redis::Value;
 use tokio::sync::mpsc;
 
-use super::Cluster;
+use super::{lock, Cluster};
 use crate::sse::replay::{
     Cursor, Entry, FollowedElsewhere, FollowerGuard, Gap, StreamEnd, StreamKey, StreamMeta,
     StreamRecord, NO_SEQ,
@@ -238,10 +238,6 @@ pub(crate) struct Mirror {
     rx: Mutex<Option<mpsc::Receiver<Op>>>,
     live: Mutex<HashMap<u64, Weak<MirrorStream>>>,
     next: AtomicU64,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Mirror {

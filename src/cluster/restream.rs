@@ -249,7 +249,6 @@ async fn fetch(
             .arg("PX")
             .arg(followed_ttl.as_millis() as u64)
             .ignore();
-        let after = read.map_or_else(|| "0-0".to_owned(), |r| r.to_string());
         if history {
             let start = match read {
                 Some(r) => format!("({r}"),
@@ -269,7 +268,7 @@ async fn fetch(
                 .arg(block.as_millis().max(1) as u64)
                 .arg("STREAMS")
                 .arg(&keys.events)
-                .arg(after);
+                .arg(read.map_or_else(|| "0-0".to_owned(), |r| r.to_string()));
         }
         pipe.cmd("HMGET")
             .arg(&keys.meta)

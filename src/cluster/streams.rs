@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
-use super::{Cluster, ClusterError};
+use super::{lock, Cluster, ClusterError};
 use crate::identity::Aic;
 
 /// `KEYS[1]` the AIC's leases; `ARGV` the limit, the member, the TTL in ms. 1 if taken.
@@ -44,10 +44,6 @@ static RENEW_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::n
 pub(crate) struct Leases {
     next: AtomicU64,
     live: Mutex<HashMap<u64, (String, String)>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A lease held for one open stream; released (in the background) when dropped.

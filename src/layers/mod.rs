@@ -24,7 +24,8 @@
 //! facts earlier steps found, passed in fields (not extensions: no allocation). The steps
 //! that judge without waiting are each a [`Check`] behind the one generic [`CheckLayer`];
 //! `ReadBody`, `CatchPanic`, `Respond` and `Forward` have futures of their own, and
-//! `StrictQuota` and `Owners` (which may ask Redis) share [`Asking`]. A step
+//! `StrictQuota` and `Owners`, which may ask Redis first, are each an [`Ask`] behind the
+//! one generic [`AskLayer`]. A step
 //! either hands the exchange on (its future is the next step's future, unboxed; a plain
 //! request's whole path allocates only the exchange's state) or
 //! refuses it with a [`Refusal`]; nothing but `Respond` turns a refusal into a response.
@@ -37,6 +38,7 @@
 //! (`Snapshot::tls`), and per connection call [`ConnInfo::accepted`] and [`stack`] with a
 //! [`Handoff`] around the handler. `examples/embedded_partner.rs` shows it.
 
+mod ask;
 mod authenticate;
 mod catch_panic;
 mod check;
@@ -63,6 +65,7 @@ use http::header::{self, HeaderName};
 use tower::ServiceBuilder;
 use tower_http::sensitive_headers::{SetSensitiveRequestHeaders, SetSensitiveRequestHeadersLayer};
 
+pub use ask::{Ask, AskLayer, Asked, Asking};
 pub use authenticate::{Authenticate, AuthenticateLayer, AuthenticateStep};
 pub use catch_panic::{CatchPanic, CatchPanicLayer};
 pub use check::{refuse_stream, Check, CheckLayer, Checked, RefusalBody, Refuse};
@@ -72,15 +75,15 @@ pub use exchange::{
 };
 pub use forward::{upstream_headers, upstream_request, Forward};
 pub use handoff::{Caller, Handler, HandlerBody, Handoff};
-pub use owners::{Owners, OwnersLayer};
+pub use owners::{Owners, OwnersLayer, OwnersStep};
 pub use permit::{Permit, PermitLayer, PermitStep};
 pub use policy::{Policy, PolicyLayer, PolicyStep};
 pub use quota::{Quota, QuotaLayer, QuotaStep};
 pub use read_body::{ReadBody, ReadBodyLayer};
 pub use respond::{Respond, RespondLayer};
 pub use route::{Route, RouteLayer, RouteStep};
-pub use step::{Asking, Step};
-pub use strict::{StrictQuota, StrictQuotaLayer};
+pub use step::Step;
+pub use strict::{StrictQuota, StrictQuotaLayer, StrictQuotaStep};
 pub use trace::{Trace, TraceLayer, TraceStep};
 
 use crate::gateway::Gateway;
@@ -123,9 +126,9 @@ pub fn stack<S>(gateway: Arc<Gateway>, conn: Arc<ConnInfo>, last: S) -> Stack<S>
         .layer(ReadBodyLayer)
         .layer(EnvelopeLayer::new())
         .layer(CatchPanicLayer)
-        .layer(StrictQuotaLayer)
+        .layer(StrictQuotaLayer::new())
         .layer(PolicyLayer::new())
-        .layer(OwnersLayer)
+        .layer(OwnersLayer::new())
         .layer(PermitLayer::new())
         .service(last)
 }

@@ -7,61 +7,35 @@
 //! step is a pass-through: the next step's future, unboxed.
 
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use tower::{Layer, Service};
 
-use super::exchange::{missing_step, Exchange, OwnerLookup, Refusal, Reply};
-use super::step::Asking;
+use super::ask::{Ask, AskLayer, Asked};
+use super::exchange::{missing_step, Exchange, OwnerLookup, Refusal};
 use crate::cluster::{tasks, Cluster};
 use crate::policy::tasks::{not_task_owner, unknown_task, UnknownTask};
 
-/// See the module documentation.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct OwnersLayer;
+/// The step (see the module documentation).
+pub enum OwnersStep {}
 
-impl<S> Layer<S> for OwnersLayer {
-    type Service = Owners<S>;
-    fn layer(&self, inner: S) -> Owners<S> {
-        Owners { inner }
-    }
-}
+/// The `Owners` layer.
+pub type OwnersLayer = AskLayer<OwnersStep>;
+/// The `Owners` service.
+pub type Owners<S> = Asked<OwnersStep, S>;
 
-/// See the module documentation.
-#[derive(Clone, Debug)]
-pub struct Owners<S> {
-    inner: S,
-}
+impl Ask for OwnersStep {
+    type Plan = (OwnerLookup, Arc<Cluster>);
 
-impl<S> Service<Exchange<Bytes>> for Owners<S>
-where
-    S: Service<Exchange<Bytes>, Response = Reply, Error = Refusal> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-{
-    type Response = Reply;
-    type Error = Refusal;
-    type Future = Asking<S::Future>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Refusal>> {
-        self.inner.poll_ready(cx)
+    fn plan(x: &mut Exchange<Bytes>) -> Option<Self::Plan> {
+        let lookup = x.owner_lookup.take();
+        Some((lookup?, x.snap.cluster.clone()?))
     }
 
-    fn call(&mut self, mut x: Exchange<Bytes>) -> Self::Future {
-        let (Some(lookup), Some(cluster)) = (x.owner_lookup.take(), x.snap.cluster.clone()) else {
-            return Asking::Next {
-                next: self.inner.call(x),
-            };
-        };
-        // The service that was polled ready goes with the request; a clone stays.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        Asking::Asking {
-            fut: Box::pin(async move {
-                let x = ask(x, lookup, cluster).await?;
-                inner.call(x).await
-            }),
-        }
+    fn ask(
+        x: Exchange<Bytes>,
+        (lookup, cluster): Self::Plan,
+    ) -> impl std::future::Future<Output = Result<Exchange<Bytes>, Refusal>> + Send {
+        ask(x, lookup, cluster)
     }
 }
 

@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::Body;
 
-use super::exchange::{Exchange, Outcome, Refusal, Reply};
+use super::exchange::{Exchange, Outcome, Refusal};
 use crate::body::read_bounded;
 use crate::error::GatewayError;
 use crate::jsonrpc::{self, RpcId};
@@ -108,37 +108,6 @@ impl<F: Future<Output = Outcome>> Future for Step<F> {
                 None => Poll::Pending, // polled after completion: never again ready
             },
             StepProj::Reading { read } => read.as_mut().poll(cx).map(Err),
-        }
-    }
-}
-
-pin_project_lite::pin_project! {
-    #[allow(missing_docs)] // pin-project-lite takes no field docs; the variants say it
-    /// The future of a step that may ask Redis first (`Owners`, `StrictQuota`): the next
-    /// step's, or a boxed one.
-    #[project = AskingProj]
-    pub enum Asking<F> {
-        /// Nothing to ask: the next step's future.
-        Next {
-            #[pin] next: F,
-        },
-        /// Redis first, then the next step.
-        Asking {
-            fut: Pin<Box<dyn Future<Output = Result<Reply, Refusal>> + Send>>,
-        },
-    }
-}
-
-impl<F> Future for Asking<F>
-where
-    F: Future<Output = Result<Reply, Refusal>>,
-{
-    type Output = Result<Reply, Refusal>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project() {
-            AskingProj::Next { next } => next.poll(cx),
-            AskingProj::Asking { fut } => fut.as_mut().poll(cx),
         }
     }
 }

@@ -8,67 +8,42 @@
 //! the next step's future, unboxed.
 
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tower::{Layer, Service};
 
-use super::exchange::{Exchange, Refusal, Reply};
-use super::step::Asking;
+use super::ask::{Ask, AskLayer, Asked};
+use super::exchange::{Exchange, Refusal};
 use crate::cluster::{ratelimit, Cluster, OnClusterError};
 use crate::error::GatewayError;
 use crate::ratelimit::StrictCheck;
 
-/// See the module documentation.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct StrictQuotaLayer;
+/// The step (see the module documentation).
+pub enum StrictQuotaStep {}
 
-impl<S> Layer<S> for StrictQuotaLayer {
-    type Service = StrictQuota<S>;
-    fn layer(&self, inner: S) -> StrictQuota<S> {
-        StrictQuota { inner }
-    }
-}
+/// The `StrictQuota` layer.
+pub type StrictQuotaLayer = AskLayer<StrictQuotaStep>;
+/// The `StrictQuota` service.
+pub type StrictQuota<S> = Asked<StrictQuotaStep, S>;
 
-/// See the module documentation.
-#[derive(Clone, Debug)]
-pub struct StrictQuota<S> {
-    inner: S,
-}
+impl Ask for StrictQuotaStep {
+    type Plan = (Vec<StrictCheck>, Arc<Cluster>);
 
-impl<S> Service<Exchange<Bytes>> for StrictQuota<S>
-where
-    S: Service<Exchange<Bytes>, Response = Reply, Error = Refusal> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-{
-    type Response = Reply;
-    type Error = Refusal;
-    type Future = Asking<S::Future>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Refusal>> {
-        self.inner.poll_ready(cx)
+    fn plan(x: &mut Exchange<Bytes>) -> Option<Self::Plan> {
+        if x.strict.is_empty() {
+            return None;
+        }
+        let cluster = x.snap.cluster.clone()?;
+        Some((std::mem::take(&mut x.strict), cluster))
     }
 
-    fn call(&mut self, mut x: Exchange<Bytes>) -> Self::Future {
-        let cluster = match x.snap.cluster.clone() {
-            Some(c) if !x.strict.is_empty() => c,
-            _ => {
-                return Asking::Next {
-                    next: self.inner.call(x),
-                }
-            }
-        };
-        let checks = std::mem::take(&mut x.strict);
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        Asking::Asking {
-            fut: Box::pin(async move {
-                if let Err(error) = verdict(&x, &cluster, &checks).await {
-                    return Err(x.refuse(error));
-                }
-                inner.call(x).await
-            }),
+    async fn ask(
+        x: Exchange<Bytes>,
+        (checks, cluster): Self::Plan,
+    ) -> Result<Exchange<Bytes>, Refusal> {
+        match verdict(&x, &cluster, &checks).await {
+            Ok(()) => Ok(x),
+            Err(error) => Err(x.refuse(error)),
         }
     }
 }

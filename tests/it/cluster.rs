@@ -187,6 +187,18 @@ pub fn config(
     )
 }
 
+/// Two instances on one [`config`].
+pub async fn pair(
+    pki: &Pki,
+    redis: &RedisServer,
+    cluster_lines: &str,
+    sections: &str,
+    partner: &str,
+) -> (TestGateway, TestGateway) {
+    let text = config(pki, redis, cluster_lines, sections, partner);
+    (start_gateway(&text).await, start_gateway(&text).await)
+}
+
 pub async fn metric(gw: &TestGateway, name: &str) -> Option<f64> {
     let (_, text) = gw.admin_get("/metrics").await;
     parse_metrics(&text).get(name).copied()
@@ -243,14 +255,14 @@ async fn two_instances_share_one_quota() {
     };
     let pki = Pki::new();
     let partner = TestPartner::start(Behaviour::Echo).await;
-    let text = config(
+    let (a, b) = pair(
         &pki,
         &redis,
         FAST,
         "[ratelimit]\nrate = 20.0\nburst = 5",
         &partner.url(),
-    );
-    let (a, b) = (start_gateway(&text).await, start_gateway(&text).await);
+    )
+    .await;
     let leader = pki.leader(LEADER_A, false);
     let run = Duration::from_secs(3);
     let started = Instant::now();
@@ -288,14 +300,14 @@ async fn a_strict_quota_is_exact_across_instances() {
     };
     let pki = Pki::new();
     let partner = TestPartner::start(Behaviour::Echo).await;
-    let text = config(
+    let (a, b) = pair(
         &pki,
         &redis,
         FAST,
         "[ratelimit]\nrate = 20.0\nburst = 20\nstrict = true",
         &partner.url(),
-    );
-    let (a, b) = (start_gateway(&text).await, start_gateway(&text).await);
+    )
+    .await;
     let leader = pki.leader(LEADER_A, false);
     let started = Instant::now();
     let (ok, limited, other) =
@@ -481,8 +493,7 @@ async fn a_task_started_on_one_instance_is_owned_on_every_instance() {
     };
     let pki = Pki::new();
     let partner = TestPartner::start(Behaviour::RefuseFrom("refused-task")).await;
-    let text = config(&pki, &redis, FAST, "", &partner.url());
-    let (a, b) = (start_gateway(&text).await, start_gateway(&text).await);
+    let (a, b) = pair(&pki, &redis, FAST, "", &partner.url()).await;
     let (la, lb) = (pki.leader(LEADER_A, false), pki.leader(LEADER_B, false));
     let cancel = |id: &str, sender: &str, task: &str| {
         rpc_start(id, sender, task).replace("\"start\"", "\"cancel\"")
@@ -607,14 +618,14 @@ async fn open_streams_per_aic_are_counted_across_instances() {
     };
     let pki = Pki::new();
     let partner = SsePartner::start(Restream::Error).await;
-    let text = config(
+    let (a, b) = pair(
         &pki,
         &redis,
         &format!("{FAST}\nstream_lease_ttl = \"3s\""),
         "[ratelimit]\nmax_streams_per_aic = 1",
         &partner.url(),
-    );
-    let (a, b) = (start_gateway(&text).await, start_gateway(&text).await);
+    )
+    .await;
     let leader = pki.leader(LEADER_A, false);
     let open = |gw: SocketAddr, task: &'static str| {
         let leader = leader.clone();

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::cluster::{config, metric, RedisServer, FAST};
+use crate::cluster::{metric, pair, RedisServer, FAST};
 use crate::support::*;
 
 /// The copy's keys for task `task` of Partner `p` under the default prefix.
@@ -36,6 +36,20 @@ async fn until_redis(redis: &RedisServer, cmd: &[&str], want: i64, within: Durat
     }
 }
 
+/// Opens (`start`) or resumes (`re-stream` after `last`) task `task`'s stream of Partner
+/// `p` through `gw`, as `LEADER_A` with request id `id`.
+async fn stream(
+    leader: &Leader,
+    gw: &TestGateway,
+    id: &str,
+    task: &str,
+    command: &str,
+    last: Option<u64>,
+) -> StreamReply {
+    let body = stream_body(id, LEADER_A, task, command, last);
+    leader.open_stream(gw.addr, "/p/stream", &body, &[]).await
+}
+
 /// Reads events until `want` have come; their `eventSeq`s.
 async fn read_seqs(reply: &mut StreamReply, want: usize) -> Vec<u64> {
     let mut seqs = Vec::with_capacity(want);
@@ -65,23 +79,16 @@ async fn a_restream_on_another_instance_is_served_from_redis() {
     };
     let pki = Pki::new();
     let partner = SsePartner::start(Restream::Error).await;
-    let text = config(
+    let (a, b) = pair(
         &pki,
         &redis,
         &format!("{FAST}\n[cluster.replay]\nread_block = \"200ms\""),
         "[stream]\ndetach_timeout = \"1s\"",
         &partner.url(),
-    );
-    let (a, b) = (start_gateway(&text).await, start_gateway(&text).await);
+    )
+    .await;
     let leader = pki.leader(LEADER_A, false);
-    let mut first = leader
-        .open_stream(
-            a.addr,
-            "/p/stream",
-            &stream_body("\"s1\"", LEADER_A, "t1", "start", None),
-            &[],
-        )
-        .await;
+    let mut first = stream(&leader, &a, "\"s1\"", "t1", "start", None).await;
     assert_eq!(first.status, 200);
     let feed = partner.feed("t1").await;
     feed_events(&feed, 1..=300, None).await;
@@ -104,14 +111,7 @@ async fn a_restream_on_another_instance_is_served_from_redis() {
     assert_eq!(refused.status, 403, "{}", refused.text());
     assert_eq!(refused.error().0, -32009);
 
-    let mut again = leader
-        .open_stream(
-            b.addr,
-            "/p/stream",
-            &stream_body("\"r\"", LEADER_A, "t1", "re-stream", Some(300)),
-            &[],
-        )
-        .await;
+    let mut again = stream(&leader, &b, "\"r\"", "t1", "re-stream", Some(300)).await;
     assert_eq!(again.status, 200);
     let feeding = tokio::spawn(async move {
         for n in 301..=1000u64 {
@@ -160,23 +160,16 @@ async fn a_restream_from_an_evicted_seq_goes_to_the_partner() {
         .map(|b| String::from_utf8(b).unwrap())
         .collect();
     let partner = SsePartner::start(Restream::Events(replayed)).await;
-    let text = config(
+    let (a, b) = pair(
         &pki,
         &redis,
         &format!("{FAST}\n[cluster.replay]\nread_block = \"200ms\""),
         "[replay]\nmax_events_per_stream = 50",
         &partner.url(),
-    );
-    let (a, b) = (start_gateway(&text).await, start_gateway(&text).await);
+    )
+    .await;
     let leader = pki.leader(LEADER_A, false);
-    let first = leader
-        .open_stream(
-            a.addr,
-            "/p/stream",
-            &stream_body("\"s1\"", LEADER_A, "t3", "start", None),
-            &[],
-        )
-        .await;
+    let first = stream(&leader, &a, "\"s1\"", "t3", "start", None).await;
     assert_eq!(first.status, 200);
     let feed = partner.feed("t3").await;
     feed_events(&feed, 1..=100, None).await;
@@ -190,14 +183,7 @@ async fn a_restream_from_an_evicted_seq_goes_to_the_partner() {
     }
 
     // After 50: all held, served from Redis, then live.
-    let mut served = leader
-        .open_stream(
-            b.addr,
-            "/p/stream",
-            &stream_body("\"r\"", LEADER_A, "t3", "re-stream", Some(50)),
-            &[],
-        )
-        .await;
+    let mut served = stream(&leader, &b, "\"r\"", "t3", "re-stream", Some(50)).await;
     assert_eq!(
         read_seqs(&mut served, 50).await,
         (51..=100).collect::<Vec<_>>()
@@ -214,14 +200,7 @@ async fn a_restream_from_an_evicted_seq_goes_to_the_partner() {
 
     // After 10 (the stream ended): events 11..50 are gone from the copy: the Partner
     // answers.
-    let mut forwarded = leader
-        .open_stream(
-            b.addr,
-            "/p/stream",
-            &stream_body("\"r\"", LEADER_A, "t3", "re-stream", Some(10)),
-            &[],
-        )
-        .await;
+    let mut forwarded = stream(&leader, &b, "\"r\"", "t3", "re-stream", Some(10)).await;
     assert_eq!(forwarded.status, 200);
     assert_eq!(read_seqs(&mut forwarded, 1).await, [11]);
     assert_eq!(partner.commands(), ["start", "re-stream"]);
@@ -271,23 +250,16 @@ async fn a_full_write_queue_is_a_gap_never_a_hole() {
     };
     let pki = Pki::new();
     let partner = SsePartner::start(Restream::Error).await;
-    let text = config(
+    let (a, b) = pair(
         &pki,
         &redis,
         &format!("{FAST}\n[cluster.replay]\nqueue_events = 4\nrecorder_lease_ttl = \"300ms\""),
         "",
         &partner.url(),
-    );
-    let (a, b) = (start_gateway(&text).await, start_gateway(&text).await);
+    )
+    .await;
     let leader = pki.leader(LEADER_A, false);
-    let mut first = leader
-        .open_stream(
-            a.addr,
-            "/p/stream",
-            &stream_body("\"s1\"", LEADER_A, "t4", "start", None),
-            &[],
-        )
-        .await;
+    let mut first = stream(&leader, &a, "\"s1\"", "t4", "start", None).await;
     let feed = partner.feed("t4").await;
     // 50 events in one read: far more than the queue holds.
     let burst: Vec<u8> = (1..=50)
@@ -320,17 +292,9 @@ async fn redis_killed_and_restarted_under_a_recorded_stream() {
     };
     let pki = Pki::new();
     let partner = SsePartner::start(Restream::Error).await;
-    let text = config(&pki, &redis, FAST, "", &partner.url());
-    let (a, b) = (start_gateway(&text).await, start_gateway(&text).await);
+    let (a, b) = pair(&pki, &redis, FAST, "", &partner.url()).await;
     let leader = pki.leader(LEADER_A, false);
-    let mut first = leader
-        .open_stream(
-            a.addr,
-            "/p/stream",
-            &stream_body("\"s1\"", LEADER_A, "t5", "start", None),
-            &[],
-        )
-        .await;
+    let mut first = stream(&leader, &a, "\"s1\"", "t5", "start", None).await;
     let feed = partner.feed("t5").await;
     feed_events(&feed, 1..=10, None).await;
     let (events, meta) = keys("t5");
@@ -389,35 +353,21 @@ async fn a_lost_recorder_ends_remote_followers_and_restreams_go_to_the_partner()
     };
     let pki = Pki::new();
     let partner = SsePartner::start(Restream::Error).await;
-    let text = config(
+    let (a, b) = pair(
         &pki,
         &redis,
         &format!("{FAST}\n[cluster.replay]\nread_block = \"100ms\"\nrecorder_lease_ttl = \"60s\""),
         "",
         &partner.url(),
-    );
-    let (a, b) = (start_gateway(&text).await, start_gateway(&text).await);
+    )
+    .await;
     let leader = pki.leader(LEADER_A, false);
-    let first = leader
-        .open_stream(
-            a.addr,
-            "/p/stream",
-            &stream_body("\"s1\"", LEADER_A, "t6", "start", None),
-            &[],
-        )
-        .await;
+    let first = stream(&leader, &a, "\"s1\"", "t6", "start", None).await;
     let feed = partner.feed("t6").await;
     feed_events(&feed, 1..=5, None).await;
     let (events, _) = keys("t6");
     until_redis(&redis, &["XLEN", &events], 5, Duration::from_secs(5)).await;
-    let mut follower = leader
-        .open_stream(
-            b.addr,
-            "/p/stream",
-            &stream_body("\"r\"", LEADER_A, "t6", "re-stream", Some(2)),
-            &[],
-        )
-        .await;
+    let mut follower = stream(&leader, &b, "\"r\"", "t6", "re-stream", Some(2)).await;
     assert_eq!(read_seqs(&mut follower, 3).await, [3, 4, 5]);
 
     // As if A died: its lease goes (renewed only every 20 s here).
@@ -450,23 +400,16 @@ async fn a_copy_started_anew_elsewhere_is_left_to_its_new_recorder() {
         .map(|(n, s)| String::from_utf8(sse_event("\"r\"", n, s).to_vec()).unwrap())
         .to_vec();
     let partner = SsePartner::start(Restream::Events(replayed)).await;
-    let text = config(
+    let (a, b) = pair(
         &pki,
         &redis,
         FAST,
         "[replay]\nmax_events_per_stream = 5",
         &partner.url(),
-    );
-    let (a, b) = (start_gateway(&text).await, start_gateway(&text).await);
+    )
+    .await;
     let leader = pki.leader(LEADER_A, false);
-    let mut first = leader
-        .open_stream(
-            a.addr,
-            "/p/stream",
-            &stream_body("\"s1\"", LEADER_A, "t7", "start", None),
-            &[],
-        )
-        .await;
+    let mut first = stream(&leader, &a, "\"s1\"", "t7", "start", None).await;
     let feed = partner.feed("t7").await;
     feed_events(&feed, 1..=10, None).await;
     let (events, meta) = keys("t7");
@@ -475,14 +418,7 @@ async fn a_copy_started_anew_elsewhere_is_left_to_its_new_recorder() {
         assert!(Instant::now() < deadline, "the copy was not trimmed to 5");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let mut again = leader
-        .open_stream(
-            b.addr,
-            "/p/stream",
-            &stream_body("\"r\"", LEADER_A, "t7", "re-stream", Some(1)),
-            &[],
-        )
-        .await;
+    let mut again = stream(&leader, &b, "\"r\"", "t7", "re-stream", Some(1)).await;
     assert_eq!(read_seqs(&mut again, 2).await, [2, 3]);
     assert!(within(10, again.next_event()).await.is_none());
     // B's copy: 2, 3 and its end.

@@ -1,0 +1,137 @@
+//! The steps that may ask Redis before handing the exchange on (`Owners`, `StrictQuota`):
+//! each is an [`Ask`] behind the one generic [`AskLayer`]. A step that has nothing to ask
+//! for a request (local mode, or nothing of its kind) is a pass-through: its future is
+//! the next step's, unboxed; one that asks boxes the question and the next step together.
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use tower::{Layer, Service};
+
+use super::exchange::{Exchange, Refusal, Reply};
+
+/// A step that may have to ask something (of Redis) before the request goes on.
+pub trait Ask {
+    /// What to ask, taken from the exchange.
+    type Plan: Send + 'static;
+    /// What this request needs asked; `None`: nothing (the step is a pass-through).
+    fn plan(x: &mut Exchange<Bytes>) -> Option<Self::Plan>;
+    /// Asks, and hands the exchange on or refuses it.
+    fn ask(
+        x: Exchange<Bytes>,
+        plan: Self::Plan,
+    ) -> impl Future<Output = Result<Exchange<Bytes>, Refusal>> + Send;
+}
+
+/// Makes [`Asked`] services for the step `A`.
+pub struct AskLayer<A>(PhantomData<fn() -> A>);
+
+impl<A> AskLayer<A> {
+    /// The layer of step `A`.
+    pub const fn new() -> AskLayer<A> {
+        AskLayer(PhantomData)
+    }
+}
+
+impl<A> Default for AskLayer<A> {
+    fn default() -> Self {
+        AskLayer::new()
+    }
+}
+
+impl<A> Clone for AskLayer<A> {
+    fn clone(&self) -> Self {
+        AskLayer::new()
+    }
+}
+
+impl<A, S> Layer<S> for AskLayer<A> {
+    type Service = Asked<A, S>;
+    fn layer(&self, inner: S) -> Asked<A, S> {
+        Asked {
+            inner,
+            _ask: PhantomData,
+        }
+    }
+}
+
+/// Step `A` in front of `inner`.
+pub struct Asked<A, S> {
+    inner: S,
+    _ask: PhantomData<fn() -> A>,
+}
+
+impl<A, S: Clone> Clone for Asked<A, S> {
+    fn clone(&self) -> Self {
+        Asked {
+            inner: self.inner.clone(),
+            _ask: PhantomData,
+        }
+    }
+}
+
+impl<A, S> Service<Exchange<Bytes>> for Asked<A, S>
+where
+    A: Ask,
+    S: Service<Exchange<Bytes>, Response = Reply, Error = Refusal> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Reply;
+    type Error = Refusal;
+    type Future = Asking<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Refusal>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut x: Exchange<Bytes>) -> Self::Future {
+        let Some(plan) = A::plan(&mut x) else {
+            return Asking::Next {
+                next: self.inner.call(x),
+            };
+        };
+        // The service that was polled ready goes with the request; a clone stays.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        Asking::Asking {
+            fut: Box::pin(async move {
+                let x = A::ask(x, plan).await?;
+                inner.call(x).await
+            }),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[allow(missing_docs)] // pin-project-lite takes no field docs; the variants say it
+    /// An [`Asked`] step's future: the next step's, or the question and the next step,
+    /// boxed.
+    #[project = AskingProj]
+    pub enum Asking<F> {
+        /// Nothing to ask: the next step's future.
+        Next {
+            #[pin] next: F,
+        },
+        /// Redis first, then the next step.
+        Asking {
+            fut: Pin<Box<dyn Future<Output = Result<Reply, Refusal>> + Send>>,
+        },
+    }
+}
+
+impl<F> Future for Asking<F>
+where
+    F: Future<Output = Result<Reply, Refusal>>,
+{
+    type Output = Result<Reply, Refusal>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            AskingProj::Next { next } => next.poll(cx),
+            AskingProj::Asking { fut } => fut.as_mut().poll(cx),
+        }
+    }
+}
