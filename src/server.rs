@@ -146,7 +146,7 @@ pub async fn run(
         }
     }
     if let (Some(writer), Some(c)) = (replay_writer, &snap.cluster) {
-        c.replay_flushed(Duration::from_secs(1)).await;
+        c.replay_flushed(c.settings().replay.flush_timeout).await;
         writer.abort();
     }
     Ok(())

@@ -100,6 +100,7 @@ pub struct ReplaySettings {
     pub recorder_lease_ttl: Duration,
     pub read_block: Duration,
     pub max_remote_followers: usize,
+    pub flush_timeout: Duration,
 }
 
 /// This instance's default name: host name and process id.

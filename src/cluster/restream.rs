@@ -49,9 +49,6 @@ pub(crate) struct RemoteCopy {
     leased: bool,
 }
 
-/// Entries read per round trip.
-const PAGE: usize = 256;
-
 /// The copy of `key`, if Redis has one.
 pub(crate) async fn find(
     cluster: &Arc<Cluster>,
@@ -259,11 +256,11 @@ async fn fetch(
                 .arg(start)
                 .arg("+")
                 .arg("COUNT")
-                .arg(PAGE);
+                .arg(rs.batch_events);
         } else {
             pipe.cmd("XREAD")
                 .arg("COUNT")
-                .arg(PAGE)
+                .arg(rs.batch_events)
                 .arg("BLOCK")
                 .arg(block.as_millis().max(1) as u64)
                 .arg("STREAMS")
@@ -302,7 +299,7 @@ async fn fetch(
 impl Follower {
     /// Sends what a round trip read, and ends the stream where the copy says so.
     fn take(&mut self, page: Page) {
-        let full = page.entries.len() >= PAGE;
+        let full = page.entries.len() >= self.cluster.settings.replay.batch_events;
         let mut end = None;
         for (id, kind, data, id_start, id_len) in page.entries {
             self.read = Some(id);

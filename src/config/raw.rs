@@ -163,7 +163,8 @@ pub struct RawClusterReplay {
     /// full is marked with a gap (and no longer served by other instances).
     #[serde(default = "default_replay_queue")]
     pub queue_events: usize,
-    /// Events written in one pipelined round trip at most.
+    /// Entries written, or read by a follower on another instance, in one round trip at
+    /// most.
     #[serde(default = "default_replay_batch")]
     pub batch_events: usize,
     /// A write round trip that takes longer fails (its streams are marked with a gap).
@@ -181,6 +182,10 @@ pub struct RawClusterReplay {
     /// past it, re-streams are forwarded to the Partner.
     #[serde(default = "default_remote_followers")]
     pub max_remote_followers: usize,
+    /// At shutdown, how long the gateway waits for the write queue to empty (so the ends
+    /// of the streams the drain closed reach Redis).
+    #[serde(default = "d1s", with = "humantime_serde")]
+    pub flush_timeout: Duration,
 }
 
 impl Default for RawClusterReplay {
@@ -193,6 +198,7 @@ impl Default for RawClusterReplay {
             recorder_lease_ttl: d10s(),
             read_block: d1s(),
             max_remote_followers: default_remote_followers(),
+            flush_timeout: d1s(),
         }
     }
 }

@@ -412,6 +412,7 @@ impl TryFrom<&raw::RawCluster> for crate::cluster::ClusterSettings {
         positive("cluster.replay.write_timeout", r.write_timeout)?;
         positive("cluster.replay.recorder_lease_ttl", r.recorder_lease_ttl)?;
         positive("cluster.replay.read_block", r.read_block)?;
+        positive("cluster.replay.flush_timeout", r.flush_timeout)?;
         let url = c.redis_url.as_str();
         if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
             bail!("cluster.redis_url: {url:?} must start with redis:// or rediss://");
@@ -455,6 +456,7 @@ impl TryFrom<&raw::RawCluster> for crate::cluster::ClusterSettings {
                 recorder_lease_ttl: r.recorder_lease_ttl,
                 read_block: r.read_block,
                 max_remote_followers: r.max_remote_followers,
+                flush_timeout: r.flush_timeout,
             },
         })
     }
