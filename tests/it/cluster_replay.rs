@@ -71,7 +71,8 @@ async fn read_seqs(reply: &mut StreamReply, want: usize) -> Vec<u64> {
 /// and re-streams on B: B delivers 301..1000 once each, in order, then the end; A never
 /// detaches meanwhile although its own Leader left (`detach_timeout` 1 s, the rest of the
 /// stream takes over 2 s): B's follower keeps the stream followed. The Partner never
-/// sees the re-stream; another AIC is refused on B.
+/// sees the re-stream; another AIC, and the owner with another `sessionId`, are refused
+/// on B.
 #[tokio::test]
 async fn a_restream_on_another_instance_is_served_from_redis() {
     let Some(redis) = RedisServer::start() else {
@@ -110,6 +111,16 @@ async fn a_restream_on_another_instance_is_served_from_redis() {
         .unwrap();
     assert_eq!(refused.status, 403, "{}", refused.text());
     assert_eq!(refused.error().0, -32009);
+    // The owner with another sessionId: refused by the copy's own check.
+    let other_session = stream_body("\"x\"", LEADER_A, "t1", "re-stream", Some(300))
+        .replace("\"sessionId\":\"s1\"", "\"sessionId\":\"s2\"");
+    let refused = leader
+        .post(b.addr, "/p/stream", &other_session)
+        .await
+        .unwrap();
+    assert_eq!(refused.status, 403, "{}", refused.text());
+    assert_eq!(refused.error(), (-32009, "session_mismatch".into()));
+    assert_eq!(refused.json()["id"], "x");
 
     let mut again = stream(&leader, &b, "\"r\"", "t1", "re-stream", Some(300)).await;
     assert_eq!(again.status, 200);
