@@ -12,8 +12,8 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::server::conn::{http1, http2};
@@ -21,7 +21,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulConnection;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
@@ -266,44 +266,54 @@ where
 }
 
 /// In-flight requests of one connection, and when the last one ended.
+///
+/// Kept off the request path's wake-ups: a request only counts itself in and out (two
+/// atomic adds and a clock read). The idle check is one timer per connection that, when
+/// it fires, looks at these figures and re-arms for the new deadline (`last_end + idle`,
+/// or `idle` from now while requests are in flight), instead of being woken by every
+/// request begun and ended.
 struct Activity {
     active: AtomicUsize,
-    last_end: Mutex<Instant>,
-    changed: Notify,
+    /// When the last request ended, as nanoseconds since `epoch`.
+    last_end: AtomicU64,
+    epoch: Instant,
 }
 
 impl Activity {
     fn new() -> Activity {
         Activity {
             active: AtomicUsize::new(0),
-            last_end: Mutex::new(Instant::now()),
-            changed: Notify::new(),
+            last_end: AtomicU64::new(0),
+            epoch: Instant::now(),
         }
     }
 
     fn begin(self: &Arc<Self>) -> ActivityGuard {
         self.active.fetch_add(1, Ordering::AcqRel);
-        self.changed.notify_waiters();
         ActivityGuard(self.clone())
+    }
+
+    /// When the connection becomes idle if nothing changes before then.
+    fn deadline(&self, now: Instant, idle: Duration) -> Instant {
+        if self.active.load(Ordering::Acquire) > 0 {
+            return now + idle;
+        }
+        let ended = Duration::from_nanos(self.last_end.load(Ordering::Acquire));
+        self.epoch + ended + idle
     }
 
     /// Completes once no request has been in flight for `idle`.
     async fn idle_for(&self, idle: Duration) {
+        let sleep = tokio::time::sleep_until(self.deadline(Instant::now(), idle));
+        tokio::pin!(sleep);
         loop {
-            // Created before the check, so a change in between still wakes us.
-            let changed = self.changed.notified();
-            if self.active.load(Ordering::Acquire) > 0 {
-                changed.await;
-                continue;
-            }
-            let deadline = *self.last_end.lock().unwrap_or_else(|e| e.into_inner()) + idle;
-            if Instant::now() >= deadline {
+            sleep.as_mut().await;
+            let now = Instant::now();
+            let deadline = self.deadline(now, idle);
+            if deadline <= now {
                 return;
             }
-            tokio::select! {
-                _ = tokio::time::sleep_until(deadline) => {}
-                _ = changed => {}
-            }
+            sleep.as_mut().reset(deadline);
         }
     }
 }
@@ -313,8 +323,66 @@ struct ActivityGuard(Arc<Activity>);
 
 impl Drop for ActivityGuard {
     fn drop(&mut self) {
-        *self.0.last_end.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        let since = Instant::now().saturating_duration_since(self.0.epoch);
+        let nanos = u64::try_from(since.as_nanos()).unwrap_or(u64::MAX);
+        // `fetch_max`: of two requests ending at once, the later end counts.
+        self.0.last_end.fetch_max(nanos, Ordering::AcqRel);
         self.0.active.fetch_sub(1, Ordering::AcqRel);
-        self.0.changed.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Polls `idle_for` until it completes or `limit` of (paused) time has passed;
+    /// returns how long it took, `None` if it did not complete.
+    async fn idle_after(a: &Arc<Activity>, idle: Duration, limit: Duration) -> Option<Duration> {
+        let start = Instant::now();
+        tokio::time::timeout(limit, a.idle_for(idle))
+            .await
+            .ok()
+            .map(|()| start.elapsed())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_connection_is_idle_after_the_timeout() {
+        let a = Arc::new(Activity::new());
+        let took = idle_after(&a, Duration::from_secs(2), Duration::from_secs(10)).await;
+        assert_eq!(took, Some(Duration::from_secs(2)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_in_flight_keeps_it_open_and_its_end_restarts_the_clock() {
+        let a = Arc::new(Activity::new());
+        let idle = Duration::from_secs(2);
+        let guard = a.begin();
+        let watcher = tokio::spawn({
+            let a = a.clone();
+            async move { idle_after(&a, idle, Duration::from_secs(60)).await }
+        });
+        // In flight for 7 s, three idle periods: never idle meanwhile.
+        tokio::time::sleep(Duration::from_secs(7)).await;
+        assert!(!watcher.is_finished(), "idle while a request was in flight");
+        drop(guard);
+        // Idle exactly `idle` after the end, not at a multiple of it from the start.
+        assert_eq!(watcher.await.unwrap(), Some(Duration::from_secs(9)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn short_requests_push_the_deadline_without_waking_the_watcher() {
+        let a = Arc::new(Activity::new());
+        let idle = Duration::from_secs(2);
+        let watcher = tokio::spawn({
+            let a = a.clone();
+            async move { idle_after(&a, idle, Duration::from_secs(60)).await }
+        });
+        // One short request every 1.5 s for 6 s: each ends within `idle` of the last.
+        for _ in 0..4 {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            drop(a.begin());
+        }
+        // The last ended at 6 s: idle at 8 s.
+        assert_eq!(watcher.await.unwrap(), Some(Duration::from_secs(8)));
     }
 }

@@ -301,6 +301,12 @@ def oha(d, port, mode, duration, conns):
     return json.loads(out)
 
 
+# User-space cycles and instructions, and the system calls and context switches that
+# make up most of the kernel's share (the tracepoint needs perf_event_paranoid <= 1 or
+# root; without it perf reports "<not supported>" and the columns read 0).
+PERF_EVENTS = "cycles:u,instructions:u,raw_syscalls:sys_enter,context-switches"
+
+
 def perf_counters(pid):
     """Starts counting the proxy's user-space cycles and instructions (perf stat), or
     returns None without perf. Counted cycles are far steadier than /proc's tick-sampled
@@ -308,7 +314,7 @@ def perf_counters(pid):
     if shutil.which("perf") is None:
         return None
     return subprocess.Popen(
-        ["perf", "stat", "-x", ",", "-e", "cycles:u,instructions:u", "-p", str(pid)],
+        ["perf", "stat", "-x", ",", "-e", PERF_EVENTS, "-p", str(pid)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -352,9 +358,34 @@ def measure(proxy, d, mode, duration, conns):
         "user_us": (user1 - user0) * 1e6 / ok if ok else 0,
         "kcycles": counters.get("cycles:u", 0) / 1000 / ok if ok else 0,
         "kinstr": counters.get("instructions:u", 0) / 1000 / ok if ok else 0,
+        "syscalls": counters.get("raw_syscalls:sys_enter", 0) / ok if ok else 0,
+        "switches": counters.get("context-switches", 0) / ok if ok else 0,
         "p50": (pct.get("p50") or 0) * 1000,
         "p99": (pct.get("p99") or 0) * 1000,
     }
+
+
+def syscall_breakdown(proxy, d, mode, duration, conns):
+    """One more run under `strace -c -f`: which system calls each request costs (strace
+    slows the proxy several times over, so this run's speed is not reported)."""
+    out = d / f"strace-{proxy.name}.txt"
+    tracer = subprocess.Popen(
+        ["strace", "-c", "-f", "-q", "-o", str(out), "-p", str(proxy.p.pid)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(0.5)  # strace attaches to every thread before the load starts
+    ok = measure(proxy, d, mode, duration, conns)["ok"]
+    tracer.send_signal(signal.SIGINT)
+    tracer.wait(10)
+    calls = []
+    for line in out.read_text().splitlines():
+        f = line.split()
+        if len(f) >= 5 and f[0][0].isdigit() and f[-1] != "total":
+            errors = int(f[4]) if len(f) == 6 else 0
+            calls.append((f[-1], int(f[3]), errors))
+    calls.sort(key=lambda c: -c[1])
+    return ok, calls
 
 
 def run_mode(mode, proxies, d, backend, args):
@@ -370,6 +401,16 @@ def run_mode(mode, proxies, d, backend, args):
             order = proxies[r % len(proxies):] + proxies[: r % len(proxies)]
             for name, _, _ in order:
                 rows[name].append(measure(started[name], d, mode, args.duration, args.connections))
+        if args.strace:
+            for name, _, _ in proxies:
+                ok, calls = syscall_breakdown(started[name], d, mode, args.duration, args.connections)
+                unit = "event" if mode == "sse" else "request"
+                scale = ok * (args.events if mode == "sse" else 1)
+                parts = ", ".join(
+                    f"{c} {n / scale:.2f}" + (f" ({e / scale:.2f} failed)" if e else "")
+                    for c, n, e in calls if n / scale >= 0.01
+                )
+                print(f"{mode} {name}: system calls per {unit}: {parts}")
     finally:
         for p in started.values():
             p.stop()
@@ -384,15 +425,16 @@ def report(mode, rows, events):
     unit = "events" if mode == "sse" else "req"
     scale = events if mode == "sse" else 1
     print(f"\n## {mode}\n")
-    print(f"| proxy | {unit}/s | proxy CPU s | {unit} per CPU-second | kernel share | user µs per {unit} | user kcycles per {unit} | user kinstr per {unit} | p50 ms | p99 ms | non-2xx or errors |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print(f"| proxy | {unit}/s | proxy CPU s | {unit} per CPU-second | kernel share | user µs per {unit} | user kcycles per {unit} | user kinstr per {unit} | syscalls per {unit} | context switches per {unit} | p50 ms | p99 ms | non-2xx or errors |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     per_cpu = {}
     for name, rs in rows.items():
         eff = [r["ok"] * scale / r["cpu"] if r["cpu"] else 0 for r in rs]
         per_cpu[name] = statistics.median(eff)
         print(
             f"| {name} | {median(rs, 'rps') * scale:,.0f} | {median(rs, 'cpu'):.2f} | "
-            f"{per_cpu[name]:,.0f} | {median(rs, 'sys'):.0%} | {median(rs, 'user_us') / scale:.2f} | {median(rs, 'kcycles') / scale:.2f} | {median(rs, 'kinstr') / scale:.2f} | {median(rs, 'p50'):.2f} | {median(rs, 'p99'):.2f} | "
+            f"{per_cpu[name]:,.0f} | {median(rs, 'sys'):.0%} | {median(rs, 'user_us') / scale:.2f} | {median(rs, 'kcycles') / scale:.2f} | {median(rs, 'kinstr') / scale:.2f} | "
+            f"{median(rs, 'syscalls') / scale:.2f} | {median(rs, 'switches') / scale:.3f} | {median(rs, 'p50'):.2f} | {median(rs, 'p99'):.2f} | "
             f"{sum(r['bad'] for r in rs)} |"
         )
     gateways = [n for n in per_cpu if n not in ("nginx", "haproxy", "bare")]
@@ -415,6 +457,7 @@ def main():
                     "(e.g. a [cluster] section, to compare cluster mode with local mode)")
     ap.add_argument("--only", default="aipgw,nginx,haproxy,bare", help='comma-separated; "" for none but --gateway')
     ap.add_argument("--no-build", action="store_true")
+    ap.add_argument("--strace", action="store_true", help="after the rounds, one run per proxy under strace -c: system calls per request by name")
     ap.add_argument("--install", action="store_true")
     args = ap.parse_args()
     modes = [m for m in ("http1", "http2", "handshake", "resume", "sse") if getattr(args, m)]
