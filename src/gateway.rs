@@ -80,8 +80,13 @@ impl Snapshot {
         record_cert_expiry(&stores.metrics, &config);
         let mut partners = Vec::with_capacity(config.partners.len());
         for p in &config.partners {
-            let pool = UpstreamPool::new(p, &config.upstream, &config.aic_domain_suffix)
-                .with_context(|| format!("partner {}", p.name))?;
+            let pool = UpstreamPool::new(
+                p,
+                &config.upstream,
+                &config.aic_domain_suffix,
+                config.partner_pools(),
+            )
+            .with_context(|| format!("partner {}", p.name))?;
             // The same Partner (by name) keeps counting the requests it has in flight.
             let in_flight = previous
                 .and_then(|prev| prev.router.partner(&p.name))

@@ -7,7 +7,8 @@
 //!
 //! ## The request flow
 //! ```text
-//! server      accept (connection cap) -> TLS 1.3 handshake (timeout) -> identity once per
+//! server      accept (connection cap) -> a worker (workers: the least loaded core) ->
+//!             TLS 1.3 handshake (timeout) -> identity once per
 //!             connection (layers::ConnInfo::accepted) -> HTTP/1.1 or HTTP/2 by ALPN
 //! layers      per request, one tower stack (layers::stack, one ServiceBuilder):
 //!             SetSensitiveRequestHeaders -> Respond (request -> Exchange under the
@@ -34,6 +35,8 @@
 //! `test-util`. Every other module is crate-internal.
 //! - [`config`]: TOML -> validated [`config::Config`]; nothing is re-checked per request.
 //! - [`server`]: accept loop, handshake timeout, connection cap, idle and drain handling.
+//! - [`workers`]: one single-threaded runtime per core; a connection, its requests and
+//!   the Partner connections they use stay on one worker.
 //! - `tls`: rustls server config (deferred or strict client verification), upstream
 //!   client config (Partner CA, gateway client cert, Partner AIC pinning), PEM loading.
 //! - [`identity`]: AIC format and check code; certificate -> AIC (pure functions).
@@ -109,6 +112,7 @@ pub(crate) mod tls;
 pub(crate) mod trace;
 pub(crate) mod upkeep;
 pub(crate) mod upstream;
+pub mod workers;
 
 pub use error::GatewayError;
 pub use gateway::Gateway;

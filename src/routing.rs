@@ -146,7 +146,7 @@ upstreams = ["http://127.0.0.1:9"]
             cfg.partners
                 .into_iter()
                 .map(|p| {
-                    let pool = UpstreamPool::new(&p, &up, "acps.pub").unwrap();
+                    let pool = UpstreamPool::new(&p, &up, "acps.pub", 1).unwrap();
                     Arc::new(Partner {
                         label: p.name.as_str().into(),
                         config: p,

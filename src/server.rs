@@ -32,6 +32,7 @@ use crate::gateway::Gateway;
 use crate::layers::{self, ConnInfo, Forward};
 use crate::metrics::ReasonLabels;
 use crate::ratelimit::concurrency::{KeyedCounts, KeyedPermit};
+use crate::workers::Workers;
 
 /// Runs `f` when dropped.
 fn scopeguard<F: FnOnce()>(f: F) -> impl Drop {
@@ -48,10 +49,22 @@ fn scopeguard<F: FnOnce()>(f: F) -> impl Drop {
 
 /// Serves until `shutdown` completes, then stops accepting, asks every connection to
 /// finish its in-flight requests, and waits for them up to `listener.drain_timeout`.
+/// Connections run on the current runtime (see [`run_on`] for per-core workers).
 pub async fn run(
     listener: TcpListener,
     gateway: Arc<Gateway>,
     shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    run_on(listener, gateway, shutdown, None).await
+}
+
+/// [`run`], with each accepted connection handed to the least loaded of `workers` (one
+/// single-threaded runtime per core, `crate::workers`) and served there to its end.
+pub async fn run_on(
+    listener: TcpListener,
+    gateway: Arc<Gateway>,
+    shutdown: impl Future<Output = ()>,
+    workers: Option<Arc<Workers>>,
 ) -> anyhow::Result<()> {
     let snap = gateway.snapshot();
     let max = snap.config.listener.max_connections;
@@ -113,13 +126,20 @@ pub async fn run(
             drop(tcp);
             continue;
         };
-        tokio::spawn(serve_connection(
-            tcp,
-            peer,
-            gateway.clone(),
-            drain_rx.clone(),
-            (permit, slot),
-        ));
+        let (g, drain) = (gateway.clone(), drain_rx.clone());
+        match &workers {
+            Some(w) => {
+                let moved = w.serve(tcp, move |tcp| {
+                    serve_connection(tcp, peer, g, drain, (permit, slot))
+                });
+                if let Err(e) = moved {
+                    tracing::warn!(%peer, error = %e, "cannot hand a connection to a worker");
+                }
+            }
+            None => {
+                tokio::spawn(serve_connection(tcp, peer, g, drain, (permit, slot)));
+            }
+        }
     }
     gateway.set_ready(false);
     drop(listener);

@@ -31,10 +31,12 @@ pub(crate) type HeadFuture = tokio::time::Timeout<hyper_util::client::legacy::Re
 /// What it yields.
 pub(crate) type HeadOutcome = <HeadFuture as std::future::Future>::Output;
 
-/// Pooled clients to one Partner.
+/// Pooled clients to one Partner: one client (with its own connection pool) per worker
+/// thread, so a request uses Partner connections driven on its own thread
+/// (`crate::workers`).
 pub struct UpstreamPool {
     partner: String,
-    client: HttpClient,
+    clients: Box<[HttpClient]>,
     upstreams: Vec<Uri>,
     next: AtomicUsize,
     response_timeout: Duration,
@@ -42,11 +44,13 @@ pub struct UpstreamPool {
 }
 
 impl UpstreamPool {
-    /// Builds the pool (loads the Partner's TLS files).
+    /// Builds the pool (loads the Partner's TLS files), with `pools` clients (one per
+    /// worker thread; at least one).
     pub fn new(
         p: &PartnerConfig,
         u: &UpstreamConfig,
         aic_suffix: &str,
+        pools: usize,
     ) -> anyhow::Result<UpstreamPool> {
         let tls = match &p.tls {
             Some(t) => partner_client_config(t, p.aic, aic_suffix)?,
@@ -85,10 +89,12 @@ impl UpstreamPool {
                 .http2_keep_alive_interval(u.pool_idle_timeout / 2)
                 .http2_keep_alive_while_idle(false);
         }
-        let client = builder.build(connector);
+        let clients = (0..pools.max(1))
+            .map(|_| builder.build(connector.clone()))
+            .collect();
         Ok(UpstreamPool {
             partner: p.name.clone(),
-            client,
+            clients,
             upstreams: p.upstreams.clone(),
             next: AtomicUsize::new(0),
             response_timeout: u.response_timeout,
@@ -124,7 +130,8 @@ impl UpstreamPool {
     /// named future, so the plain `rpc` path holds it without a box. [`Self::head`] reads
     /// its outcome.
     pub(crate) fn request(&self, req: Request<Full<Bytes>>) -> HeadFuture {
-        tokio::time::timeout(self.response_timeout, self.client.request(req))
+        let client = &self.clients[crate::workers::slot(self.clients.len())];
+        tokio::time::timeout(self.response_timeout, client.request(req))
     }
 
     /// What a finished [`Self::request`] became: the response head, or the failure named

@@ -59,9 +59,20 @@ pub fn main() -> ExitCode {
         .as_ref()
         .is_some_and(|c| c.log_format == crate::config::LogFormat::Json);
     init_tracing(&level, json);
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    // With per-core workers (the default) connections run on `crate::workers`' threads
+    // and this runtime, on the main thread, keeps the accept loop, the admin listener,
+    // reloads and the background loops; with `scheduler = "shared"` it is tokio's
+    // work-stealing runtime and serves the connections too.
+    let shared = config
+        .as_ref()
+        .is_some_and(|c| c.scheduler == crate::config::raw::Scheduler::Shared);
+    let mut builder = if shared {
+        tokio::runtime::Builder::new_multi_thread()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+    };
     builder.enable_all();
-    if let Some(n) = config.as_ref().map(|c| c.worker_threads).filter(|&n| n > 0) {
+    if let Some(n) = config.as_ref().filter(|_| shared).map(|c| c.workers()) {
         builder.worker_threads(n);
     }
     let runtime = match builder.build() {
@@ -122,6 +133,7 @@ async fn dispatch(command: Command, config: Option<Config>) -> Result<(), Failur
         Command::Run { .. } => {
             let cfg = config.ok_or_else(|| usage(anyhow::anyhow!("no config")))?;
             let (bind, admin_bind) = (cfg.listener.bind, cfg.admin_bind);
+            let (cfg_scheduler, worker_count) = (cfg.scheduler, cfg.workers());
             let reload = cfg
                 .source
                 .clone()
@@ -136,10 +148,20 @@ async fn dispatch(command: Command, config: Option<Config>) -> Result<(), Failur
             let watcher = reload.map(|(path, watch, debounce)| {
                 crate::reload::spawn(gateway.clone(), path, debounce, watch)
             });
-            tracing::info!(%bind, "aipgw listening");
-            let result = crate::server::run(listener, gateway, shutdown_signal())
-                .await
-                .map_err(failed);
+            let workers = match cfg_scheduler {
+                crate::config::raw::Scheduler::PerCore => Some(std::sync::Arc::new(
+                    crate::workers::Workers::start(worker_count)
+                        .map_err(|e| failed(anyhow::anyhow!("cannot start the workers: {e}")))?,
+                )),
+                crate::config::raw::Scheduler::Shared => None,
+            };
+            tracing::info!(%bind, workers = worker_count, scheduler = ?cfg_scheduler, "aipgw listening");
+            let result =
+                crate::server::run_on(listener, gateway, shutdown_signal(), workers.clone())
+                    .await
+                    .map_err(failed);
+            // After the drain: whatever is left on the workers is cancelled.
+            drop(workers);
             for task in admin.into_iter().chain(watcher) {
                 task.abort();
             }

@@ -61,6 +61,8 @@ pub struct Config {
     pub log_format: raw::LogFormat,
     /// Worker threads (`0`: one per CPU the process may run on); read at start only.
     pub worker_threads: usize,
+    /// How connections are spread over them; read at start only.
+    pub scheduler: raw::Scheduler,
     /// Watch files for hot reload.
     pub reload_watch: bool,
     /// Reload debounce.
@@ -187,6 +189,24 @@ pub fn default_path(method: Method) -> &'static str {
 }
 
 impl Config {
+    /// How many worker threads serve connections: `runtime.worker_threads`, or one per
+    /// CPU the process may run on.
+    pub fn workers(&self) -> usize {
+        match self.worker_threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        }
+    }
+
+    /// How many pools each Partner has: one per worker with `scheduler = "per_core"`
+    /// (a worker's requests use its own Partner connections), else one.
+    pub fn partner_pools(&self) -> usize {
+        match self.scheduler {
+            raw::Scheduler::PerCore => self.workers(),
+            raw::Scheduler::Shared => 1,
+        }
+    }
+
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> anyhow::Result<Config> {
         let text = std::fs::read_to_string(path)
@@ -276,6 +296,7 @@ impl Config {
             reload_debounce: raw.reload.debounce,
             log_format: raw.log.format,
             worker_threads: raw.runtime.worker_threads,
+            scheduler: raw.runtime.scheduler,
             policy: crate::policy::GlobalPolicy::try_from(&raw.policy)?,
             tasks: TaskPolicy::try_from(&raw.policy.tasks)?,
             ratelimit,

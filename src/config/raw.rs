@@ -240,6 +240,23 @@ pub struct RawRuntime {
     /// process may run on (its affinity mask, so `taskset -c 1 aipgw` runs one).
     #[serde(default)]
     pub worker_threads: usize,
+    /// How connections are spread over the worker threads.
+    #[serde(default)]
+    pub scheduler: Scheduler,
+}
+
+/// `runtime.scheduler`
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scheduler {
+    /// Each connection lives on one worker thread (a single-threaded runtime per core)
+    /// with its requests and the Partner connections they use: no cross-thread hand-off
+    /// per request.
+    #[default]
+    PerCore,
+    /// tokio's work-stealing runtime: tasks move between threads, which evens out a few
+    /// very busy connections at a cost on every request.
+    Shared,
 }
 
 /// `[stream]`

@@ -157,9 +157,17 @@ async fn serve(gateway: Arc<Gateway>) -> TestGateway {
     let admin_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = admin_listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(aipgw::server::run(listener, gateway.clone(), async move {
-        let _ = rx.await;
-    }));
+    // Served as the binary serves by default: each connection on one of two per-core
+    // workers (`aipgw::workers`), off the test's own runtime.
+    let workers = Arc::new(aipgw::workers::Workers::start(2).unwrap());
+    let server = tokio::spawn(aipgw::server::run_on(
+        listener,
+        gateway.clone(),
+        async move {
+            let _ = rx.await;
+        },
+        Some(workers),
+    ));
     tokio::spawn(aipgw::admin::run(
         admin_listener,
         gateway.clone(),

@@ -1,0 +1,206 @@
+//! Connection workers: one thread per core, each running a single-threaded tokio runtime
+//! (`runtime.scheduler = "per_core"`, the default).
+//!
+//! The accept loop (`server::run_on`) hands each accepted connection to the worker with
+//! the fewest open connections; from then on everything the connection does runs on that
+//! thread: its TLS, its requests, the Partner connections its requests use (each worker
+//! has its own Partner pools, `upstream::UpstreamPool` picks them by
+//! [`current`]), and the tasks its requests spawn. No request crosses threads, so there is
+//! no work-stealing queue, no cross-thread wake-up and no shared pool lock on the request
+//! path: the shape of NGINX's and HAProxy's workers. The price is that a connection stays
+//! on its worker: a few very busy HTTP/2 connections can load the workers unevenly
+//! (`runtime.scheduler = "shared"` uses tokio's work-stealing runtime instead).
+//!
+//! Must not: know what a connection does (that is `server`).
+
+use std::cell::Cell;
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use tokio::net::TcpStream;
+use tokio::runtime::Handle;
+use tokio::sync::Notify;
+
+thread_local! {
+    static INDEX: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// The worker this thread is (`Some(0..n)`), or `None` off the workers (the accept
+/// thread, a shared runtime, an embedding program).
+pub fn current() -> Option<usize> {
+    INDEX.with(Cell::get)
+}
+
+/// The pool a per-worker structure of `n` slots uses on this thread: the worker's own,
+/// slot 0 off the workers.
+pub(crate) fn slot(n: usize) -> usize {
+    current().map_or(0, |i| i % n.max(1))
+}
+
+/// The running workers; dropping this stops them (their remaining tasks are cancelled).
+pub struct Workers {
+    workers: Vec<Worker>,
+    stop: Arc<Notify>,
+}
+
+struct Worker {
+    handle: Handle,
+    /// Connections on this worker now.
+    open: Arc<AtomicUsize>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Workers {
+    /// Starts `n` worker threads (at least one), named `aipgw-worker-<i>`.
+    pub fn start(n: usize) -> std::io::Result<Workers> {
+        let stop = Arc::new(Notify::new());
+        let mut workers = Vec::with_capacity(n.max(1));
+        for i in 0..n.max(1) {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let handle = runtime.handle().clone();
+            let stop = stop.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("aipgw-worker-{i}"))
+                .spawn(move || {
+                    INDEX.with(|c| c.set(Some(i)));
+                    // Tasks spawned through `handle` run while this thread blocks here.
+                    runtime.block_on(stop.notified());
+                    // Dropping the runtime cancels what is left (after the drain).
+                })?;
+            workers.push(Worker {
+                handle,
+                open: Arc::new(AtomicUsize::new(0)),
+                thread: Some(thread),
+            });
+        }
+        Ok(Workers { workers, stop })
+    }
+
+    /// How many workers run.
+    pub fn len(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Always false: there is at least one worker.
+    pub fn is_empty(&self) -> bool {
+        self.workers.is_empty()
+    }
+
+    /// Open connections per worker, in worker order.
+    pub fn open_connections(&self) -> Vec<usize> {
+        self.workers
+            .iter()
+            .map(|w| w.open.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Moves an accepted connection to the least loaded worker and runs `serve(tcp)`
+    /// there. The socket is re-registered with that worker's reactor, so its readiness
+    /// events wake that thread only.
+    pub(crate) fn serve<F, Fut>(&self, tcp: TcpStream, serve: F) -> std::io::Result<()>
+    where
+        F: FnOnce(TcpStream) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let w = self
+            .workers
+            .iter()
+            .min_by_key(|w| w.open.load(Ordering::Relaxed))
+            .expect("at least one worker");
+        let std = tcp.into_std()?;
+        let open = w.open.clone();
+        open.fetch_add(1, Ordering::Relaxed);
+        // The socket becomes a tokio one again on the worker, inside its runtime.
+        w.handle.spawn(async move {
+            let _counted = OpenGuard(open);
+            match TcpStream::from_std(std) {
+                Ok(tcp) => serve(tcp).await,
+                Err(e) => tracing::warn!(error = %e, "cannot move a connection to its worker"),
+            }
+        });
+        Ok(())
+    }
+}
+
+struct OpenGuard(Arc<AtomicUsize>);
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        // `notify_waiters` reaches only those already waiting; one permit each also
+        // reaches a worker not yet blocked.
+        for _ in &self.workers {
+            self.stop.notify_one();
+        }
+        self.stop.notify_waiters();
+        for w in &mut self.workers {
+            if let Some(t) = w.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connections_go_to_the_least_loaded_worker_and_run_there() {
+        let workers = Workers::start(2).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            let mut clients = Vec::new();
+            for _ in 0..4 {
+                clients.push(TcpStream::connect(addr).await.unwrap());
+                let (tcp, _) = listener.accept().await.unwrap();
+                let tx = tx.clone();
+                workers
+                    .serve(tcp, move |mut tcp| async move {
+                        use tokio::io::AsyncReadExt;
+                        let _ = tx.send((current(), std::thread::current().id()));
+                        // Held open until the client closes.
+                        let mut b = [0u8; 1];
+                        let _ = tcp.read(&mut b).await;
+                    })
+                    .unwrap();
+                // Counted before the next pick: each serve is seen by the next.
+            }
+            let mut seen = Vec::new();
+            for _ in 0..4 {
+                seen.push(rx.recv().await.unwrap());
+            }
+            let on = |i| seen.iter().filter(|(w, _)| *w == Some(i)).count();
+            assert_eq!((on(0), on(1)), (2, 2), "{seen:?}");
+            // Off the accept thread: each worker its own thread.
+            assert!(seen.iter().all(|(_, t)| *t != std::thread::current().id()));
+            assert_eq!(workers.open_connections(), vec![2, 2]);
+            drop(clients);
+            for _ in 0..200 {
+                if workers.open_connections() == vec![0, 0] {
+                    break;
+                }
+                tokio::task::yield_now().await;
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            assert_eq!(workers.open_connections(), vec![0, 0]);
+        });
+        assert_eq!(current(), None);
+        drop(workers);
+    }
+}
