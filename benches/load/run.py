@@ -147,7 +147,7 @@ def wait_listening(port, name, log_dir):
     die(f"{name} is not listening on {port} (see {log_dir / (name + '.log')})")
 
 
-def aipgw_config(d, port, backend, resumption, extra=""):
+def aipgw_config(d, port, backend, resumption, extra="", runtime="worker_threads = 1"):
     path = d / f"aipgw-{port}.toml"
     path.write_text(
         f"""
@@ -161,7 +161,7 @@ tls_session_cache = {256 if resumption else 0}
 max_connections = 10000
 
 [runtime]
-worker_threads = 1
+{runtime}
 
 [log]
 level = "warn"
@@ -258,8 +258,22 @@ backend be
     return path
 
 
+# --scaling: the gateway with one worker on one core beside two workers on both cores
+# (the load generator then shares a core with one of them); equal requests per CPU-second
+# mean two workers do twice the work of one.
+SCALING = {
+    "1 worker, CPU 1": ("1", "worker_threads = 1"),
+    "2 workers, CPUs 0-1": ("0,1", "worker_threads = 2"),
+    "2 shared, CPUs 0-1": ("0,1", 'worker_threads = 2\nscheduler = "shared"'),
+}
+
+
 def start_proxy(name, binary, d, backend, resumption, extra=""):
     port = free_port()
+    if name in SCALING:
+        cpus, runtime = SCALING[name]
+        config = aipgw_config(d, port, backend, resumption, extra, runtime)
+        return Proc(name, [binary, "run", "--config", str(config)], cpus, d, wait_port=port)
     if name == "nginx":
         argv = [tool("nginx"), "-c", str(nginx_config(d, port, backend, resumption))]
         return Proc(name, argv, PROXY_CPU, d, wait_port=port)
@@ -437,6 +451,13 @@ def report(mode, rows, events):
             f"{median(rs, 'syscalls') / scale:.2f} | {median(rs, 'switches') / scale:.3f} | {median(rs, 'p50'):.2f} | {median(rs, 'p99'):.2f} | "
             f"{sum(r['bad'] for r in rs)} |"
         )
+    if "1 worker, CPU 1" in per_cpu:
+        one = per_cpu["1 worker, CPU 1"]
+        for n in per_cpu:
+            if n != "1 worker, CPU 1" and one:
+                print(f"\n{n}: {per_cpu[n] / one:.2f}x the requests per CPU-second of one worker "
+                      f"(as a speed-up on two cores: {2 * per_cpu[n] / one:.2f}x)")
+        return
     gateways = [n for n in per_cpu if n not in ("nginx", "haproxy", "bare")]
     others = [n for n in ("nginx", "haproxy", "bare") if n in per_cpu and per_cpu[n]]
     for g in gateways:
@@ -456,6 +477,8 @@ def main():
     ap.add_argument("--gateway", action="append", default=[], help="LABEL=PATH[@TOML] of another aipgw binary; TOML is appended to its config "
                     "(e.g. a [cluster] section, to compare cluster mode with local mode)")
     ap.add_argument("--only", default="aipgw,nginx,haproxy,bare", help='comma-separated; "" for none but --gateway')
+    ap.add_argument("--scaling", action="store_true", help="instead of the other proxies: aipgw with one worker on one core, "
+                    "two per-core workers and two shared-runtime threads on both cores (--http1/--http2)")
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--strace", action="store_true", help="after the rounds, one run per proxy under strace -c: system calls per request by name")
     ap.add_argument("--install", action="store_true")
@@ -473,6 +496,8 @@ def main():
         if n not in ("aipgw", "nginx", "haproxy", "bare"):
             die(f"--only: {n!r} is not one of aipgw, nginx, haproxy, bare")
     proxies = [(n, str(RELEASE / "aipgw") if n == "aipgw" else None, "") for n in only]
+    if args.scaling:
+        proxies = [(n, str(RELEASE / "aipgw"), "") for n in SCALING]
     for g in args.gateway:
         label, rest = g.split("=", 1)
         binary, _, extra = rest.partition("@")
@@ -483,7 +508,8 @@ def main():
         (d / "rpc.json").write_text(RPC_BODY)
         (d / "stream.json").write_text(STREAM_BODY)
         backend = Proc("backend", [str(RELEASE / "examples" / "load_backend"), "--events", str(args.events)], LOAD_CPU, d)
-        print(f"# load comparison, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs; proxies on CPU {PROXY_CPU}, "
+        where = "the gateway on the CPUs its label names" if args.scaling else f"proxies on CPU {PROXY_CPU}"
+        print(f"# load comparison, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs; {where}, "
               f"oha and the backend on CPU {LOAD_CPU}; {args.rounds} rounds of {args.duration} s, medians")
         try:
             for mode in modes:
