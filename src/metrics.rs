@@ -125,6 +125,8 @@ pub struct Metrics {
     pub open_connections: Gauge,
     /// TLS handshakes that failed or timed out.
     pub handshake_failures: Family<ReasonLabels, Counter>,
+    /// TLS handshakes completed, by kind (`full`, `resumed`).
+    pub(crate) handshakes: Family<KindLabels, Counter>,
     /// Connections whose certificate gave no identity.
     pub identity_failures: Family<ReasonLabels, Counter>,
     /// Connections whose certificate gave an identity, by AIC form and check.
@@ -180,6 +182,7 @@ impl Metrics {
             upstream_seconds: Family::new_with_constructor(latency),
             open_connections: Gauge::default(),
             handshake_failures: Family::default(),
+            handshakes: Family::default(),
             identity_failures: Family::default(),
             identities: Family::default(),
             policy_refusals: Family::default(),
@@ -223,6 +226,11 @@ impl Metrics {
             "open_connections",
             "Open client connections",
             m.open_connections.clone(),
+        );
+        r.register(
+            "tls_handshakes",
+            "TLS handshakes completed, by kind: full, or resumed from a session",
+            m.handshakes.clone(),
         );
         r.register(
             "tls_handshake_failures",

@@ -30,7 +30,7 @@ use tower::ServiceExt;
 use crate::body::Held;
 use crate::gateway::Gateway;
 use crate::layers::{self, ConnInfo, Forward};
-use crate::metrics::ReasonLabels;
+use crate::metrics::{KindLabels, ReasonLabels};
 use crate::ratelimit::concurrency::{KeyedCounts, KeyedPermit};
 use crate::workers::Workers;
 
@@ -209,6 +209,11 @@ async fn serve_connection(
     };
     drop(handshake_slot);
     let (_, session) = tls.get_ref();
+    let kind = match session.handshake_kind() {
+        Some(rustls::HandshakeKind::Resumed) => "resumed",
+        _ => "full",
+    };
+    metrics.handshakes.get_or_create(&KindLabels { kind }).inc();
     let h2 = session.alpn_protocol() == Some(b"h2".as_slice());
     let conn = Arc::new(ConnInfo::accepted(peer, session, &snap));
     let activity = Arc::new(Activity::new());

@@ -96,6 +96,7 @@ pub struct ListenerConfig {
     pub drain_timeout: Duration,
     pub error_status: raw::ErrorStatus,
     pub tls_session_cache: usize,
+    pub verdict_cache: usize,
 }
 
 /// `[upstream]`, validated. Field meanings and defaults: see [`raw::RawUpstream`].

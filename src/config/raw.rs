@@ -426,6 +426,11 @@ pub struct RawListener {
     /// session); `0` turns resumption off, so every new connection is a full handshake.
     #[serde(default = "default_tls_session_cache")]
     pub tls_session_cache: usize,
+    /// Certificate verdicts remembered per trust generation (by chain), so a resumed
+    /// session or a returning client is not verified again until a reload or an expiry;
+    /// `0` verifies every connection's chain.
+    #[serde(default = "default_verdict_cache")]
+    pub verdict_cache: usize,
 }
 
 /// `[identity]`
@@ -829,6 +834,9 @@ fn default_max_body() -> usize {
 }
 fn default_tls_session_cache() -> usize {
     256
+}
+fn default_verdict_cache() -> usize {
+    10_000
 }
 fn default_pool_idle() -> usize {
     64

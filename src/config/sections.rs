@@ -75,6 +75,7 @@ impl TryFrom<raw::RawListener> for ListenerConfig {
             drain_timeout: l.drain_timeout,
             error_status: l.error_status,
             tls_session_cache: l.tls_session_cache,
+            verdict_cache: l.verdict_cache,
         })
     }
 }

@@ -14,7 +14,7 @@ use rustls::{CertificateError, Error as TlsError};
 use rustls_pki_types::{CertificateDer, UnixTime};
 
 pub use aic::{Aic, AicCheck, AicError, AicForm, DottedCheck};
-pub use verdict::{ConnIdentity, Trust};
+pub use verdict::{ConnIdentity, Trust, Verdicts};
 
 /// Why a presented certificate gives no identity. Each maps to AIP `-32010`; the
 /// [`CredentialError::reason`] is the `error.data.reason` and a metrics label.

@@ -9,6 +9,12 @@
 //! TLS session resumed with an expired certificate, an open HTTP/2 connection whose
 //! certificate a reloaded CRL revokes, and one whose certificate expires while it is open
 //! are all refused on their next request.
+//!
+//! Verdicts are also remembered per trust generation by chain ([`Verdicts`]): a resumed
+//! TLS session carries the chain verified at its first handshake, and verifying it again
+//! (two signature checks with a CRL) cost about as much as the rest of a resumed
+//! handshake. Under the same generation and before the same clock instants the verdict
+//! cannot differ, so it is looked up instead; a reload starts an empty table.
 
 use std::sync::Arc;
 
@@ -29,6 +35,74 @@ pub struct Trust {
     pub crl_next_update: Option<u64>,
     /// How certificate AICs are read and checked.
     pub aic_rules: Arc<super::AicRules>,
+    /// Verdicts already reached under this generation, by chain.
+    pub verdicts: Arc<Verdicts>,
+}
+
+/// Verdicts reached under one trust generation, by the SHA-256 of the whole chain, at
+/// most `listener.verdict_cache` of them (past that, one is forgotten for each new one;
+/// `0` remembers none). Lives in its [`Trust`], so it never outlives its generation.
+pub struct Verdicts {
+    max: usize,
+    map: std::sync::Mutex<std::collections::HashMap<[u8; 32], Arc<Judged>>>,
+}
+
+impl Verdicts {
+    /// An empty table of at most `max` verdicts.
+    pub fn new(max: usize) -> Verdicts {
+        Verdicts {
+            max,
+            map: Default::default(),
+        }
+    }
+
+    /// How many verdicts are remembered.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<[u8; 32], Arc<Judged>>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The verdict on `key` if one stands at `now`.
+    fn get(&self, key: &[u8; 32], now: u64) -> Option<Arc<Judged>> {
+        if self.max == 0 {
+            return None;
+        }
+        self.lock().get(key).filter(|j| now < j.recheck_at).cloned()
+    }
+
+    fn put(&self, key: [u8; 32], judged: Arc<Judged>) {
+        if self.max == 0 {
+            return;
+        }
+        let mut map = self.lock();
+        if map.len() >= self.max && !map.contains_key(&key) {
+            if let Some(old) = map.keys().next().copied() {
+                map.remove(&old);
+            }
+        }
+        map.insert(key, judged);
+    }
+}
+
+/// The table's key: SHA-256 over each certificate's length and bytes, so two chains share
+/// a key only if they are the same certificates in the same order.
+fn chain_key(chain: &[CertificateDer<'_>]) -> [u8; 32] {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    for der in chain {
+        ctx.update(&(der.len() as u64).to_be_bytes());
+        ctx.update(der);
+    }
+    let mut key = [0u8; 32];
+    key.copy_from_slice(ctx.finish().as_ref());
+    key
 }
 
 struct Judged {
@@ -101,7 +175,7 @@ impl ConnIdentity {
         let judged = judge(chain.as_deref(), trust, chain_checked, now);
         ConnIdentity {
             chain,
-            current: ArcSwap::from_pointee(judged),
+            current: ArcSwap::new(judged),
         }
     }
 
@@ -114,7 +188,7 @@ impl ConnIdentity {
         drop(cur);
         let judged = judge(self.chain.as_deref(), trust, false, now);
         let auth = judged.auth.clone();
-        self.current.store(Arc::new(judged));
+        self.current.store(judged);
         auth
     }
 
@@ -124,7 +198,26 @@ impl ConnIdentity {
     }
 }
 
+/// The verdict on `chain` under `trust` at `now`: remembered from an earlier connection
+/// with the same chain under the same generation, or reached here (and remembered).
 fn judge(
+    chain: Option<&[CertificateDer<'static>]>,
+    trust: &Trust,
+    chain_checked: bool,
+    now: u64,
+) -> Arc<Judged> {
+    let key = chain.map(chain_key);
+    if let Some(hit) = key.as_ref().and_then(|k| trust.verdicts.get(k, now)) {
+        return hit;
+    }
+    let judged = Arc::new(judge_anew(chain, trust, chain_checked, now));
+    if let Some(k) = key {
+        trust.verdicts.put(k, judged.clone());
+    }
+    judged
+}
+
+fn judge_anew(
     chain: Option<&[CertificateDer<'static>]>,
     trust: &Trust,
     chain_checked: bool,
@@ -162,4 +255,181 @@ fn not_after(der: &CertificateDer<'_>) -> Option<u64> {
     let (_, cert) = X509Certificate::from_der(der).ok()?;
     let t = cert.validity().not_after.timestamp();
     u64::try_from(t).ok().map(|t| t.saturating_add(1))
+}
+
+#[cfg(all(test, feature = "dev"))]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use rustls::client::danger::HandshakeSignatureValid;
+    use rustls::server::danger::ClientCertVerified;
+    use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
+
+    use super::*;
+    use crate::devcerts::{CertSpec, DevCa};
+
+    const A: &str = "10001000011K912345E789ABCDEF2353";
+    const B: &str = "10001000011K94ZH3VDXLP4S5EB63614";
+
+    /// The WebPKI verifier, counting the chains it verifies.
+    #[derive(Debug)]
+    struct Counting {
+        inner: Arc<dyn ClientCertVerifier>,
+        chains: AtomicUsize,
+    }
+
+    impl ClientCertVerifier for Counting {
+        fn root_hint_subjects(&self) -> &[DistinguishedName] {
+            self.inner.root_hint_subjects()
+        }
+        fn verify_client_cert(
+            &self,
+            end_entity: &CertificateDer<'_>,
+            intermediates: &[CertificateDer<'_>],
+            now: UnixTime,
+        ) -> Result<ClientCertVerified, rustls::Error> {
+            self.chains.fetch_add(1, Ordering::SeqCst);
+            self.inner
+                .verify_client_cert(end_entity, intermediates, now)
+        }
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            self.inner.verify_tls12_signature(message, cert, dss)
+        }
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            self.inner.verify_tls13_signature(message, cert, dss)
+        }
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.inner.supported_verify_schemes()
+        }
+    }
+
+    struct Setup {
+        ca: DevCa,
+        verifier: Arc<Counting>,
+    }
+
+    impl Setup {
+        fn new() -> Setup {
+            let ca = DevCa::new("verdict CA").unwrap();
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(ca.cert_der()).unwrap();
+            let inner = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                roots.into(),
+                Arc::new(rustls::crypto::ring::default_provider()),
+            )
+            .build()
+            .unwrap();
+            let verifier = Arc::new(Counting {
+                inner,
+                chains: AtomicUsize::new(0),
+            });
+            Setup { ca, verifier }
+        }
+
+        /// A new trust generation with an empty table of at most `max` verdicts.
+        fn trust(&self, generation: u64, max: usize) -> Trust {
+            Trust {
+                verifier: self.verifier.clone(),
+                generation,
+                crl_next_update: None,
+                aic_rules: Arc::new(crate::identity::AicRules {
+                    suffix: "acps.pub".into(),
+                    dotted: Default::default(),
+                }),
+                verdicts: Arc::new(Verdicts::new(max)),
+            }
+        }
+
+        fn chain(&self, aic: &str) -> Vec<CertificateDer<'static>> {
+            vec![self.ca.issue(&CertSpec::leader_v2(aic)).unwrap().cert_der]
+        }
+
+        fn verified(&self) -> usize {
+            self.verifier.chains.load(Ordering::SeqCst)
+        }
+    }
+
+    fn aic_of(id: &ConnIdentity) -> Option<String> {
+        match id.last() {
+            ConnAuth::Verified(p) => Some(p.aic.as_str().to_owned()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_chain_is_verified_once_per_trust_generation() {
+        let s = Setup::new();
+        let chain = s.chain(A);
+        let now = unix_now();
+        let trust = s.trust(1, 100);
+        // A resumed session's chain is never taken as checked by the handshake.
+        let first = ConnIdentity::new(Some(&chain), &trust, false, now);
+        let second = ConnIdentity::new(Some(&chain), &trust, false, now);
+        assert_eq!(
+            s.verified(),
+            1,
+            "the second connection's verdict was looked up"
+        );
+        assert_eq!(aic_of(&first).as_deref(), Some(A));
+        assert_eq!(aic_of(&second).as_deref(), Some(A));
+        // A reload: a new generation verifies again, for a new connection and for an
+        // open one alike.
+        let reloaded = s.trust(2, 100);
+        assert!(matches!(
+            first.verdict(&reloaded, now),
+            ConnAuth::Verified(_)
+        ));
+        assert_eq!(s.verified(), 2);
+        ConnIdentity::new(Some(&chain), &reloaded, false, now);
+        assert_eq!(s.verified(), 2, "remembered under the new generation too");
+        // Another chain is verified on its own.
+        ConnIdentity::new(Some(&s.chain(B)), &reloaded, false, now);
+        assert_eq!(s.verified(), 3);
+    }
+
+    #[test]
+    fn a_remembered_verdict_ends_at_the_chains_expiry() {
+        let s = Setup::new();
+        let chain = s.chain(A);
+        let trust = s.trust(1, 100);
+        ConnIdentity::new(Some(&chain), &trust, false, unix_now());
+        // Eleven years on (the certificate is valid for ten): judged again, and refused.
+        let later = unix_now() + 11 * 365 * 24 * 3600;
+        let resumed = ConnIdentity::new(Some(&chain), &trust, false, later);
+        assert_eq!(s.verified(), 2);
+        assert!(
+            matches!(resumed.last(), ConnAuth::Rejected(_)),
+            "{:?}",
+            resumed.last()
+        );
+    }
+
+    #[test]
+    fn the_table_is_bounded_and_zero_turns_it_off() {
+        let s = Setup::new();
+        let (a, b) = (s.chain(A), s.chain(B));
+        let now = unix_now();
+        let one = s.trust(1, 1);
+        for chain in [&a, &b, &a] {
+            ConnIdentity::new(Some(chain), &one, false, now);
+        }
+        assert_eq!(s.verified(), 3, "B pushed A out");
+        assert_eq!(one.verdicts.len(), 1);
+        let off = s.trust(2, 0);
+        for _ in 0..2 {
+            ConnIdentity::new(Some(&a), &off, false, now);
+        }
+        assert_eq!(s.verified(), 5);
+        assert!(off.verdicts.is_empty());
+    }
 }

@@ -119,6 +119,7 @@ pub(crate) fn build(l: &ListenerConfig, rules: AicRules) -> anyhow::Result<Serve
         generation: GENERATION.fetch_add(1, Ordering::Relaxed),
         crl_next_update: crl_next_update(l)?,
         aic_rules: rules,
+        verdicts: Arc::new(crate::identity::Verdicts::new(l.verdict_cache)),
     };
     let certs = pem::load_certs(&l.cert).context("listener.cert")?;
     let key = pem::load_key(&l.key).context("listener.key")?;

@@ -29,6 +29,7 @@ impl PerRequest {
                 suffix: "acps.pub".into(),
                 dotted: Default::default(),
             }),
+            verdicts: std::sync::Arc::new(aipgw::identity::Verdicts::new(100)),
         };
         let leader = ca
             .issue(&CertSpec::leader_v2("10001000011K912345E789ABCDEF2353"))
