@@ -364,17 +364,24 @@ impl StreamRecord for Mirrored {
     }
 
     fn append(&self, entry: Entry) {
-        // This instance's followers first.
-        self.inner.append(entry.clone());
-        if self.stream.broken.load(Ordering::Acquire) {
-            return;
+        self.append_all(&mut std::iter::once(entry));
+    }
+
+    fn append_all(&self, entries: &mut dyn Iterator<Item = Entry>) {
+        // This instance's followers first (woken once for the read), then the copy.
+        let entries: Vec<Entry> = entries.collect();
+        self.inner.append_all(&mut entries.iter().cloned());
+        for entry in entries {
+            if self.stream.broken.load(Ordering::Acquire) {
+                return;
+            }
+            let id = self.stream.next_id(entry.seq);
+            self.cluster.enqueue(Op::Append {
+                stream: self.stream.clone(),
+                id,
+                entry,
+            });
         }
-        let id = self.stream.next_id(entry.seq);
-        self.cluster.enqueue(Op::Append {
-            stream: self.stream.clone(),
-            id,
-            entry,
-        });
     }
 
     fn finish(&self, end: StreamEnd) {

@@ -124,19 +124,21 @@ async fn sleep_until_opt(at: Option<Instant>) {
 /// Appends split events to the record; true if one reports a terminal task state.
 fn append_all(record: &dyn StreamRecord, events: &mut Vec<RawEvent>) -> bool {
     let mut terminal = false;
-    for ev in events.drain(..) {
+    let mut entries = events.drain(..).map(|ev| {
         let info = inspect(&ev.bytes);
         terminal |= info.terminal;
         let (id_start, id_len) = info
             .id_range
             .map_or((0, 0), |r| (r.start as u32, (r.end - r.start) as u32));
-        record.append(Entry {
+        Entry {
             seq: info.seq.unwrap_or(NO_SEQ),
             bytes: ev.bytes,
             id_start,
             id_len,
-        });
-    }
+        }
+    });
+    record.append_all(&mut entries);
+    drop(entries);
     terminal
 }
 

@@ -117,6 +117,12 @@ pub trait StreamRecord: Send + Sync {
     fn meta(&self) -> &StreamMeta;
     /// Appends an event (the store may evict older ones to stay in budget).
     fn append(&self, entry: Entry);
+    /// Appends several events in order (one read's), waking followers once for all.
+    fn append_all(&self, entries: &mut dyn Iterator<Item = Entry>) {
+        for entry in entries {
+            self.append(entry);
+        }
+    }
     /// Marks the stream ended.
     fn finish(&self, end: StreamEnd);
     /// Whether the stream has ended (its recorder is gone).
