@@ -21,7 +21,7 @@ use std::thread::JoinHandle;
 
 use tokio::net::TcpStream;
 use tokio::runtime::Handle;
-use tokio::sync::Notify;
+use tokio::sync::oneshot;
 
 thread_local! {
     static INDEX: Cell<Option<usize>> = const { Cell::new(None) };
@@ -42,42 +42,44 @@ pub(crate) fn slot(n: usize) -> usize {
 /// The running workers; dropping this stops them (their remaining tasks are cancelled).
 pub struct Workers {
     workers: Vec<Worker>,
-    stop: Arc<Notify>,
 }
 
 struct Worker {
     handle: Handle,
     /// Connections on this worker now.
     open: Arc<AtomicUsize>,
+    /// Dropped to stop the worker.
+    stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Workers {
     /// Starts `n` worker threads (at least one), named `aipgw-worker-<i>`.
     pub fn start(n: usize) -> std::io::Result<Workers> {
-        let stop = Arc::new(Notify::new());
         let mut workers = Vec::with_capacity(n.max(1));
         for i in 0..n.max(1) {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
             let handle = runtime.handle().clone();
-            let stop = stop.clone();
+            let (stop, stopped) = oneshot::channel::<()>();
             let thread = std::thread::Builder::new()
                 .name(format!("aipgw-worker-{i}"))
                 .spawn(move || {
                     INDEX.with(|c| c.set(Some(i)));
                     // Tasks spawned through `handle` run while this thread blocks here.
-                    runtime.block_on(stop.notified());
+                    // It ends when its `stop` sender is dropped (or sends).
+                    let _ = runtime.block_on(stopped);
                     // Dropping the runtime cancels what is left (after the drain).
                 })?;
             workers.push(Worker {
                 handle,
                 open: Arc::new(AtomicUsize::new(0)),
+                stop: Some(stop),
                 thread: Some(thread),
             });
         }
-        Ok(Workers { workers, stop })
+        Ok(Workers { workers })
     }
 
     /// How many workers run.
@@ -136,12 +138,10 @@ impl Drop for OpenGuard {
 
 impl Drop for Workers {
     fn drop(&mut self) {
-        // `notify_waiters` reaches only those already waiting; one permit each also
-        // reaches a worker not yet blocked.
-        for _ in &self.workers {
-            self.stop.notify_one();
+        // Each worker has its own stop channel, so one not yet blocked on it still sees it.
+        for w in &mut self.workers {
+            w.stop.take();
         }
-        self.stop.notify_waiters();
         for w in &mut self.workers {
             if let Some(t) = w.thread.take() {
                 let _ = t.join();
@@ -153,6 +153,25 @@ impl Drop for Workers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Workers stopped before they reach their wait still stop (each has its own stop
+    /// channel; one shared `Notify` keeps a single permit, and the rest waited forever).
+    #[test]
+    fn workers_stopped_at_once_all_stop() {
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for _ in 0..20 {
+                drop(Workers::start(4).unwrap());
+            }
+            let _ = done.send(());
+        });
+        assert!(
+            finished
+                .recv_timeout(std::time::Duration::from_secs(20))
+                .is_ok(),
+            "a worker never stopped"
+        );
+    }
 
     #[test]
     fn connections_go_to_the_least_loaded_worker_and_run_there() {
