@@ -68,7 +68,9 @@ pub(crate) struct FdNeed {
     pub leaders: u64,
     /// Partner connections: per HTTP/1.1 Partner, its `limits.max_in_flight` requests
     /// (one connection each) or its idle pools (`upstream.pool_max_idle_per_host` per
-    /// upstream URL), whichever is larger; per HTTP/2 Partner, one per upstream URL.
+    /// upstream URL and per Partner pool), whichever is larger; per HTTP/2 Partner, one
+    /// per upstream URL and per Partner pool. Each worker thread has its own Partner
+    /// pools with `runtime.scheduler = "per_core"` ([`Config::partner_pools`]).
     pub partners: u64,
     /// Partners without `limits.max_in_flight`, whose connections only the Leaders'
     /// requests bound (counted at their idle pools).
@@ -85,6 +87,7 @@ impl FdNeed {
 /// The descriptors `cfg` may need.
 pub(crate) fn need(cfg: &Config) -> FdNeed {
     let idle = cfg.upstream.pool_max_idle_per_host as u64;
+    let pools = cfg.partner_pools() as u64;
     let mut need = FdNeed {
         leaders: cfg.listener.max_connections as u64,
         partners: 0,
@@ -92,11 +95,11 @@ pub(crate) fn need(cfg: &Config) -> FdNeed {
     };
     for p in &cfg.partners {
         if p.http2 {
-            // One multiplexed connection per upstream URL.
-            need.partners += p.upstreams.len() as u64;
+            // One multiplexed connection per upstream URL in each pool.
+            need.partners += p.upstreams.len() as u64 * pools;
             continue;
         }
-        let idle = idle * p.upstreams.len() as u64;
+        let idle = idle * p.upstreams.len() as u64 * pools;
         match p.max_in_flight {
             Some(n) => need.partners += (n as u64).max(idle),
             None => {
@@ -146,10 +149,35 @@ mod tests {
         format!("{}{extra}\n", P.replace("{n}", n))
     }
 
+    /// Per-core workers each keep their own Partner pools: idle HTTP/1.1 connections and
+    /// HTTP/2 connections count once per worker; `max_in_flight` stays one bound.
+    #[test]
+    fn need_counts_a_partner_pool_per_worker() {
+        let partners = format!(
+            "{}{}{}",
+            partner("a", "[partner.limits]\nmax_in_flight = 500"),
+            partner("c", ""),
+            partner("d", "http2 = true")
+        );
+        let upstream = "[upstream]\npool_max_idle_per_host = 8";
+        let per_core = config(
+            &format!("max_connections = 10\n[runtime]\nworker_threads = 4\n{upstream}"),
+            &partners,
+        );
+        assert_eq!(need(&per_core).partners, 500 + 8 * 4 + 4);
+        let shared = config(
+            &format!(
+                "max_connections = 10\n[runtime]\nworker_threads = 4\nscheduler = \"shared\"\n{upstream}"
+            ),
+            &partners,
+        );
+        assert_eq!(need(&shared).partners, 500 + 8 + 1);
+    }
+
     #[test]
     fn need_counts_leaders_partners_and_names_unbounded_ones() {
         let cfg = config(
-            "max_connections = 1000\n[upstream]\npool_max_idle_per_host = 8",
+            "max_connections = 1000\n[runtime]\nworker_threads = 1\n[upstream]\npool_max_idle_per_host = 8",
             &format!(
                 "{}{}{}{}",
                 partner("a", "[partner.limits]\nmax_in_flight = 500"),
