@@ -8,6 +8,7 @@ pub use crate::policy::tasks::{check_task, MemoryTaskOwners, TaskOwners};
 pub use crate::ratelimit::{GovernorLimiter, Limiter};
 pub use crate::relay_body::is_event_stream;
 pub use crate::sse::count::EventCounter;
+pub use crate::sse::event::both_reads as event_reads;
 pub use crate::sse::memory::{MemoryStore, ReplayLimits};
 pub use crate::sse::relay::{follow, record_upstream, StreamSettings};
 pub use crate::sse::replay::{Entry, ReplayStore, StreamEnd, StreamKey, StreamMeta, StreamRecord};

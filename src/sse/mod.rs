@@ -7,5 +7,6 @@ pub(crate) mod event;
 pub(crate) mod memory;
 pub(crate) mod relay;
 pub(crate) mod replay;
+mod scan;
 mod slots;
 pub(crate) mod splitter;
