@@ -14,15 +14,22 @@
 
 use std::collections::VecDeque;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 
 use super::replay::{Entry, NO_SEQ};
 
-/// The smallest and largest block. Blocks double from the smallest, so a quiet stream
-/// holds little beside its events, and a busy one allocates once per dozen events; an
-/// event larger than the largest block gets a block of its own size.
-const MIN_BLOCK: usize = 256;
-const MAX_BLOCK: usize = 2048;
+/// The sizes a block takes as it grows, each an allocator size class (jemalloc's, and
+/// close to glibc's), up to the largest block; an event larger than that gets a block of
+/// its own size.
+const BLOCK_STEPS: [usize; 7] = [256, 384, 512, 768, 1024, 1536, 2048];
+const MAX_BLOCK: usize = BLOCK_STEPS[BLOCK_STEPS.len() - 1];
+
+/// Below this many block bytes a log is short: its newest block starts at the smallest
+/// step and is reallocated up the steps as events arrive (at most six copies of a block
+/// of under 2 KiB), so the room it has not used yet stays under a third of it. A longer
+/// log starts each block at the largest size, where the newest block's unused room is a
+/// small share of what the log holds and no copy is made.
+const SHORT_LOG: usize = 16 * 1024;
 
 /// The longest header: four varints (10 + 5 + 5 + 5 bytes).
 const MAX_HEADER: usize = 25;
@@ -39,6 +46,11 @@ fn put_varint(out: &mut [u8; MAX_HEADER], at: &mut usize, mut v: u64) {
         out[*at] = byte | 0x80;
         *at += 1;
     }
+}
+
+/// The smallest step that holds `n` bytes, or `n` itself past the largest.
+fn step_for(n: usize) -> usize {
+    BLOCK_STEPS.into_iter().find(|&s| s >= n).unwrap_or(n)
 }
 
 /// Reads a varint written by `put_varint` at `*at`.
@@ -107,7 +119,7 @@ pub(super) struct EventLog {
     /// Full blocks, oldest first.
     sealed: VecDeque<Sealed>,
     /// The newest block: its events so far, with room for more.
-    open: BytesMut,
+    open: Vec<u8>,
     /// Position of the newest block's first event.
     open_first: u64,
     /// The bytes of every block held (used or not).
@@ -192,28 +204,39 @@ impl EventLog {
         put_varint(&mut header, &mut h, entry.bytes.len() as u64);
         let n = h + entry.bytes.len();
         let pos = self.end();
-        if self.open.capacity() - self.open.len() < n {
-            let last = self.open.capacity();
-            if !self.open.is_empty() {
-                let full = std::mem::take(&mut self.open).freeze();
-                reserve_for_push(&mut self.sealed);
-                self.sealed.push_back(Sealed {
-                    end: pos,
-                    size: last,
-                    bytes: full,
-                });
+        let (len, cap) = (self.open.len(), self.open.capacity());
+        if cap - len < n {
+            if len > 0 && len + n <= MAX_BLOCK && self.block_bytes < SHORT_LOG {
+                // A short log's newest block grows to the next step instead.
+                let size = step_for(len + n);
+                self.open.reserve_exact(size - len);
+                self.block_bytes += self.open.capacity() - cap;
             } else {
-                self.block_bytes -= last;
+                if len > 0 {
+                    let full = Bytes::from(std::mem::take(&mut self.open));
+                    reserve_for_push(&mut self.sealed);
+                    self.sealed.push_back(Sealed {
+                        end: pos,
+                        size: cap,
+                        bytes: full,
+                    });
+                } else {
+                    self.block_bytes -= cap;
+                }
+                let size = if self.block_bytes < SHORT_LOG {
+                    step_for(n)
+                } else {
+                    MAX_BLOCK.max(n)
+                };
+                self.open = Vec::with_capacity(size);
+                self.open_first = pos;
+                self.block_bytes += self.open.capacity();
             }
-            let size = (last * 2).clamp(MIN_BLOCK, MAX_BLOCK).max(n);
-            self.open = BytesMut::with_capacity(size);
-            self.open_first = pos;
-            self.block_bytes += size;
         }
         reserve_for_push(&mut self.offsets);
         self.offsets.push_back(self.open.len() as u32);
-        self.open.put_slice(&header[..h]);
-        self.open.put_slice(&entry.bytes);
+        self.open.extend_from_slice(&header[..h]);
+        self.open.extend_from_slice(&entry.bytes);
     }
 
     /// Removes the oldest event and returns its `eventSeq` (or `NO_SEQ`); frees its block
@@ -230,7 +253,7 @@ impl EventLog {
         if self.offsets.is_empty() {
             // The newest block went too: let go of it.
             self.block_bytes -= self.open.capacity();
-            self.open = BytesMut::new();
+            self.open = Vec::new();
             self.open_first = self.base;
         }
         Some(seq)
@@ -326,9 +349,10 @@ mod tests {
         for seq in 0..40 {
             log.push(&entry(seq, (0, 0), &text));
         }
-        // 104-byte events: 256 (2), 512 (4), 1024 (9), 2048 (19), 2048 (the other 6).
-        assert_eq!(log.sealed.len(), 4);
-        assert_eq!(log.block_bytes, 256 + 512 + 1024 + 2048 + 2048);
+        // 104-byte events: the first block grows through the steps to 2048 (19 events),
+        // so does the second; the newest holds the last two in 256.
+        assert_eq!(log.sealed.len(), 2);
+        assert_eq!(log.block_bytes, 2048 + 2048 + 256);
         let back = all(&log);
         assert_eq!(back.len(), 40);
         // Events of a sealed block are slices of it, not copies.
@@ -340,10 +364,12 @@ mod tests {
             .iter()
             .enumerate()
             .all(|(i, e)| e.seq == i as u64 && e.bytes[..] == text));
-        assert_eq!(log.pop_front(), Some(0));
-        assert_eq!(log.sealed.len(), 4, "event 1 is still in the first block");
-        assert_eq!(log.pop_front(), Some(1));
-        assert_eq!(log.block_bytes, 512 + 1024 + 2048 + 2048);
+        for seq in 0..18 {
+            assert_eq!(log.pop_front(), Some(seq));
+        }
+        assert_eq!(log.sealed.len(), 2, "event 18 is still in the first block");
+        assert_eq!(log.pop_front(), Some(18));
+        assert_eq!(log.block_bytes, 2048 + 256);
         while log.pop_front().is_some() {}
         assert_eq!((log.block_bytes, log.open.capacity(), log.len()), (0, 0, 0));
         assert_eq!((log.base(), log.end()), (40, 40));
@@ -353,6 +379,50 @@ mod tests {
         assert_eq!(all(&log)[0].seq, 41);
         log.clear();
         assert_eq!((log.held(), log.base(), log.len()), (0, 41, 0));
+    }
+
+    /// A short log's newest block grows a step at a time, so its unused room stays under
+    /// a third of it once past the first step; a long log's blocks start at the largest.
+    #[test]
+    fn a_short_log_wastes_little_and_a_long_one_copies_nothing() {
+        for size in (40..=600).step_by(37) {
+            let mut log = EventLog::default();
+            let text = vec![b'z'; size];
+            let mut grown = 0;
+            while log.block_bytes < SHORT_LOG {
+                let cap = log.open.capacity();
+                log.push(&entry(1, (0, 0), &text));
+                let (len, now) = (log.open.len(), log.open.capacity());
+                if now > cap && len > size + 4 {
+                    grown += 1;
+                }
+                if now > BLOCK_STEPS[0] {
+                    assert!(
+                        (now - len) * 3 <= now,
+                        "{size}-byte events: {len} of {now} used"
+                    );
+                }
+            }
+            assert!(grown > 0, "{size}-byte events: the block never grew");
+            let sealed = log.sealed.len();
+            while log.sealed.len() < sealed + 3 {
+                let cap = log.open.capacity();
+                log.push(&entry(1, (0, 0), &text));
+                let now = log.open.capacity();
+                assert!(
+                    now == cap || now == MAX_BLOCK,
+                    "{size}: grew {cap} -> {now}"
+                );
+            }
+        }
+        // The case of the memory probe's short hold: 15 events of 171 bytes (with their
+        // headers) hold 2048 + 768 bytes of blocks, 10% over their size (doubling
+        // blocks held 3840, 50% over).
+        let mut log = EventLog::default();
+        for _ in 0..15 {
+            log.push(&entry(1, (0, 0), &[b'e'; 166]));
+        }
+        assert_eq!(log.block_bytes, 2048 + 768);
     }
 
     #[test]
