@@ -34,6 +34,13 @@ pub struct OpLabels {
     pub op: &'static str,
 }
 
+/// Which worker thread (`runtime.scheduler = "per_core"`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct WorkerLabels {
+    /// The worker's index, from 0.
+    pub(crate) worker: usize,
+}
+
 /// Which figure.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct KindLabels {
@@ -123,6 +130,8 @@ pub struct Metrics {
     pub upstream_seconds: Family<RouteLabels, Histogram>,
     /// Open client connections.
     pub open_connections: Gauge,
+    /// Open client connections by worker thread (per-core workers only).
+    pub(crate) worker_connections: Family<WorkerLabels, Gauge>,
     /// TLS handshakes that failed or timed out.
     pub handshake_failures: Family<ReasonLabels, Counter>,
     /// TLS handshakes completed, by kind (`full`, `resumed`).
@@ -181,6 +190,7 @@ impl Metrics {
             request_seconds: Family::new_with_constructor(latency),
             upstream_seconds: Family::new_with_constructor(latency),
             open_connections: Gauge::default(),
+            worker_connections: Family::default(),
             handshake_failures: Family::default(),
             handshakes: Family::default(),
             identity_failures: Family::default(),
@@ -226,6 +236,11 @@ impl Metrics {
             "open_connections",
             "Open client connections",
             m.open_connections.clone(),
+        );
+        r.register(
+            "worker_connections",
+            "Open client connections by worker thread (per-core workers): a connection stays on the worker it was given",
+            m.worker_connections.clone(),
         );
         r.register(
             "tls_handshakes",

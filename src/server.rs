@@ -184,8 +184,21 @@ async fn serve_connection(
     let snap = gateway.snapshot();
     let l = &snap.config.listener;
     let metrics = snap.metrics.clone();
+    // The worker's count moves before the total, both ways, so a scrape that sees the
+    // total settled sees the workers' settled too.
+    let on_worker = crate::workers::current().map(|worker| {
+        let g = metrics
+            .worker_connections
+            .get_or_create(&crate::metrics::WorkerLabels { worker })
+            .clone();
+        g.inc();
+        g
+    });
     metrics.open_connections.inc();
     let _open = scopeguard(|| {
+        if let Some(g) = &on_worker {
+            g.dec();
+        }
         metrics.open_connections.dec();
     });
     let _ = tcp.set_nodelay(true);

@@ -356,3 +356,39 @@ async fn graceful_shutdown_answers_everything_accepted() {
     within(10, server).await.unwrap().unwrap();
     drop(feed);
 }
+
+/// Open connections are counted per worker thread, placed on the least loaded worker,
+/// and uncounted when they close (every integration test serves through two workers).
+#[tokio::test]
+async fn connections_are_counted_per_worker() {
+    let pki = Pki::new();
+    let partner = TestPartner::start(Behaviour::Echo).await;
+    let gw = start_gateway(&pki.config("", &partner_block("p", "/p", &partner.url(), ""))).await;
+    let a = pki.leader(LEADER_A, true);
+    let mut held = Vec::new();
+    for i in 0..3 {
+        let (mut send, _) = a.h2_connection(gw.addr).await;
+        let r = send_on(
+            &mut send,
+            "/p/rpc",
+            &rpc_start(&i.to_string(), LEADER_A, "t"),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        held.push(send);
+    }
+    let m = metric(&gw, "aipgw_open_connections", 3.0).await;
+    let per_worker = |m: &std::collections::HashMap<String, f64>| {
+        [0, 1].map(|w| {
+            m.get(&format!("aipgw_worker_connections{{worker=\"{w}\"}}"))
+                .copied()
+        })
+    };
+    // Three connections on two workers, each to the one with fewer: two and one.
+    let mut counts = per_worker(&m).map(|c| c.expect("a gauge per worker"));
+    counts.sort_by(f64::total_cmp);
+    assert_eq!(counts, [1.0, 2.0]);
+    drop(held);
+    let m = metric(&gw, "aipgw_open_connections", 0.0).await;
+    assert_eq!(per_worker(&m), [Some(0.0), Some(0.0)]);
+}
