@@ -146,15 +146,15 @@ fn scan(
 
 /// The fields of an event that the relay reads. `data` lines are joined with `\n`.
 ///
-/// The one allocation per event is `data_spans` (a `Vec` of one element for the usual
-/// one-line event); multi-line data is also joined into an owned buffer.
+/// Nothing is allocated for the usual event of one `data` line; with more, the lines are
+/// joined into an owned buffer (and past two, `data_spans` spills to the heap).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Fields<'a> {
     /// The joined `data` value, borrowed when the event has one data line.
     pub data: Option<std::borrow::Cow<'a, [u8]>>,
     /// For each `data` line: (offset of its value in the event bytes, its length).
     /// The joined data is these values separated by `\n`.
-    pub data_spans: Vec<(usize, usize)>,
+    pub data_spans: smallvec::SmallVec<[(usize, usize); 2]>,
     /// The `id` field.
     pub id: Option<&'a [u8]>,
 }
@@ -298,11 +298,11 @@ mod tests {
         let ev = b"id: 3\r\ndata: {\"a\":\r\ndata: 1}\r\n\r\n";
         let f = fields(ev);
         assert_eq!(f.data.as_deref(), Some(&b"{\"a\":\n1}"[..]));
-        assert_eq!(f.data_spans, vec![(13, 5), (26, 2)]);
+        assert_eq!(f.data_spans[..], [(13, 5), (26, 2)]);
         assert_eq!(f.id, Some(&b"3"[..]));
         let ev = b": c\ndata:{\"a\":1}\n\n";
         let f = fields(ev);
         assert_eq!(f.data.as_deref(), Some(&b"{\"a\":1}"[..]));
-        assert_eq!(f.data_spans, vec![(9, 7)]);
+        assert_eq!(f.data_spans[..], [(9, 7)]);
     }
 }
