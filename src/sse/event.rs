@@ -130,6 +130,7 @@ fn by_serde(data: &[u8]) -> Option<Read> {
 
 /// Both reads of one event's data, for the differential tests and the fuzz target:
 /// the fast path's (`None` where it gives up) and serde's.
+#[cfg(any(test, feature = "test-util"))]
 pub fn both_reads(data: &[u8]) -> (Option<Read>, Option<Read>) {
     (scan(data), by_serde(data))
 }
