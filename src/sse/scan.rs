@@ -184,15 +184,22 @@ impl<'a> Cursor<'a> {
             self.eat(b':')?;
             self.ws();
             member(self, key)?;
-            self.ws();
-            match self.peek()? {
-                b',' => self.i += 1,
-                b'}' => {
-                    self.i += 1;
-                    return Some(());
-                }
-                _ => return None,
+            if self.comma_or(b'}')? {
+                return Some(());
             }
+        }
+    }
+
+    /// After a member or element: `true` past the closing byte, `false` past a comma,
+    /// `None` on anything else.
+    fn comma_or(&mut self, close: u8) -> Option<bool> {
+        self.ws();
+        let byte = self.peek()?;
+        self.i += 1;
+        match byte {
+            b',' => Some(false),
+            b if b == close => Some(true),
+            _ => None,
         }
     }
 
@@ -216,14 +223,8 @@ impl<'a> Cursor<'a> {
                 loop {
                     self.ws();
                     self.value(depth + 1)?;
-                    self.ws();
-                    match self.peek()? {
-                        b',' => self.i += 1,
-                        b']' => {
-                            self.i += 1;
-                            return Some(());
-                        }
-                        _ => return None,
+                    if self.comma_or(b']')? {
+                        return Some(());
                     }
                 }
             }
