@@ -3,8 +3,10 @@
 //! Redis (score: the lease's expiry, from Redis's clock), so the limit counts the AIC's
 //! streams on every instance. The instance renews its leases every third of
 //! `cluster.stream_lease_ttl` and removes each when its stream ends; the leases of an
-//! instance that died expire on their own. Redis down: the instance's own count alone
-//! decides (as in local mode).
+//! instance that died expire on their own. A lease Redis no longer has when it is renewed
+//! (Redis restarted empty, or the lease expired while Redis was out of reach) is taken
+//! again, without the limit: its stream is open, so it counts. Redis down: the instance's
+//! own count alone decides (as in local mode).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,8 +38,19 @@ redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
 return n
 "#;
 
+/// `KEYS[1]` the AIC's leases; `ARGV` the member, the TTL in ms. Takes a lease Redis lost
+/// for a stream still open here (no limit: the stream is already admitted).
+const RESTORE: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local n = redis.call('ZADD', KEYS[1], 'NX', now + tonumber(ARGV[2]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
+return n
+"#;
+
 static ACQUIRE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(ACQUIRE));
 static RENEW_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RENEW));
+static RESTORE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RESTORE));
 
 /// This instance's live leases: id -> (key, member).
 #[derive(Default)]
@@ -117,30 +130,57 @@ fn ttl_ms(cluster: &Cluster) -> u64 {
         .max(1)
 }
 
-/// Renews every live lease of this instance, every third of the lease TTL.
+/// Renews every live lease of this instance, every third of the lease TTL, and takes
+/// again those Redis no longer has.
 pub(crate) async fn renew_loop(cluster: Arc<Cluster>) {
     let every = (cluster.settings.stream_lease_ttl / 3).max(Duration::from_millis(10));
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let live: Vec<(String, String)> = lock(&cluster.leases.live).values().cloned().collect();
+        let live: Vec<(u64, String, String)> = lock(&cluster.leases.live)
+            .iter()
+            .map(|(id, (key, member))| (*id, key.clone(), member.clone()))
+            .collect();
         let ttl = ttl_ms(&cluster);
-        let renewals = live.into_iter().map(|(key, member)| {
+        let renewals = live.into_iter().map(|(id, key, member)| {
             let cluster = &cluster;
             async move {
-                cluster
-                    .call("stream_renew", |mut c| async move {
-                        RENEW_SCRIPT
+                let lease = |script: &'static LazyLock<redis::Script>| {
+                    let (key, member) = (key.clone(), member.clone());
+                    move |mut c: redis::aio::ConnectionManager| async move {
+                        script
                             .key(key)
                             .arg(member)
                             .arg(ttl)
                             .invoke_async::<i64>(&mut c)
                             .await
-                    })
-                    .await
+                    }
+                };
+                let renewed = cluster.call("stream_renew", lease(&RENEW_SCRIPT)).await;
+                // Missing in Redis. Taken again only if its stream is still open here: a
+                // stream that ended meanwhile has had its lease removed (a release racing
+                // this check can leave one lease until its TTL: a refusal too many, never
+                // one too few).
+                if !matches!(renewed, Ok(0)) || !lock(&cluster.leases.live).contains_key(&id) {
+                    return false;
+                }
+                matches!(
+                    cluster.call("stream_restore", lease(&RESTORE_SCRIPT)).await,
+                    Ok(1)
+                )
             }
         });
-        let _ = futures_util::future::join_all(renewals).await;
+        let restored = futures_util::future::join_all(renewals)
+            .await
+            .into_iter()
+            .filter(|&r| r)
+            .count();
+        if restored > 0 {
+            tracing::warn!(
+                restored,
+                "open streams' leases that Redis no longer had were taken again"
+            );
+        }
     }
 }

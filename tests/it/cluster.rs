@@ -682,3 +682,64 @@ async fn open_streams_per_aic_are_counted_across_instances() {
     let second = open(b.addr, "second").await;
     assert_eq!(second.status, 200);
 }
+
+/// A Redis that restarts empty loses the leases of streams still open; the next renewal
+/// takes them again, so the limit across instances holds after the restart (before, B
+/// admitted a second stream until the first ended).
+#[tokio::test]
+async fn stream_leases_come_back_after_redis_restarts_empty() {
+    let Some(mut redis) = RedisServer::start() else {
+        return;
+    };
+    let pki = Pki::new();
+    let partner = SsePartner::start(Restream::Error).await;
+    let (a, b) = pair(
+        &pki,
+        &redis,
+        &format!("{FAST}\nstream_lease_ttl = \"900ms\""),
+        "[ratelimit]\nmax_streams_per_aic = 1",
+        &partner.url(),
+    )
+    .await;
+    let leader = pki.leader(LEADER_A, false);
+    let first = leader
+        .open_stream(
+            a.addr,
+            "/p/stream",
+            &stream_body("\"s\"", LEADER_A, "first", "start", None),
+            &[],
+        )
+        .await;
+    assert_eq!(first.status, 200);
+    let _feed = partner.feed("first").await;
+    let key = "aipgw:{aipgw:streams:".to_owned() + LEADER_A + "}:leases";
+    assert_eq!(redis.cmd(&["ZCARD", &key]), redis::Value::Int(1));
+
+    redis.restart();
+    assert_eq!(redis.cmd(&["ZCARD", &key]), redis::Value::Int(0));
+    // Renewals every 300 ms; the instances reconnect on their own.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while redis.cmd(&["ZCARD", &key]) != redis::Value::Int(1) {
+        assert!(
+            Instant::now() < deadline,
+            "the open stream's lease was not taken again after Redis restarted empty"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    until_metric(&b, "aipgw_cluster_redis_up", 1.0, Duration::from_secs(5)).await;
+    let refused = leader
+        .post(
+            b.addr,
+            "/p/stream",
+            &stream_body("\"s2\"", LEADER_A, "second", "start", None),
+        )
+        .await
+        .unwrap();
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    assert_eq!(refused.error(), (-32029, "aic_streams".into()));
+    assert_eq!(
+        partner.commands().len(),
+        1,
+        "only the first reached the Partner"
+    );
+}
