@@ -79,7 +79,11 @@ pub async fn run_on(
     let cluster = snap.cluster.clone().map(|c| {
         let g = gateway.clone();
         let leases = tokio::spawn(crate::cluster::streams::renew_loop(c.clone()));
-        let mut tasks = vec![leases];
+        let owners = tokio::spawn(crate::cluster::tasks::republish_loop(
+            c.clone(),
+            snap.tasks.clone(),
+        ));
+        let mut tasks = vec![leases, owners];
         if c.shares_replay() {
             tasks.push(tokio::spawn(crate::cluster::replay::lease_loop(c.clone())));
         }

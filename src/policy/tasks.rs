@@ -51,10 +51,26 @@ pub trait TaskOwners: Send + Sync {
     fn len(&self) -> usize;
     /// Drops expired entries (the upkeep timer calls it, so they go without traffic).
     fn sweep(&self);
+    /// Every live entry: (Partner, taskId, owner, time left). Cluster mode writes them
+    /// back to a Redis that lost them.
+    fn entries(&self) -> Vec<OwnerEntry>;
     /// Whether no entry is held.
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// One task's owner as [`TaskOwners::entries`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnerEntry {
+    /// The Partner's name.
+    pub partner: String,
+    /// The task.
+    pub task: String,
+    /// Its owner.
+    pub owner: Aic,
+    /// How long the entry has left.
+    pub left: Duration,
 }
 
 /// What to do with a command on a task the gateway has no owner for.
@@ -309,6 +325,22 @@ impl TaskOwners for MemoryTaskOwners {
         }
     }
 
+    fn entries(&self) -> Vec<OwnerEntry> {
+        let now = Instant::now();
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner
+            .map
+            .values()
+            .filter(|e| e.expires > now)
+            .map(|e| OwnerEntry {
+                partner: e.names.partner().to_owned(),
+                task: e.names.task().to_owned(),
+                owner: e.owner,
+                left: e.expires - now,
+            })
+            .collect()
+    }
+
     fn len(&self) -> usize {
         self.inner
             .lock()
@@ -497,6 +529,27 @@ mod tests {
             Ok(Claimed::New),
             "a forgotten task is new"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn entries_list_live_owners_with_their_time_left() {
+        let store = MemoryTaskOwners::new(10, Duration::from_secs(60));
+        let a = aic("10001000011K912345E789ABCDEF2353");
+        let b = aic("10001000011K94ZH3VDXLP4S5EB63614");
+        store.claim("p", "t1", &a, None).unwrap();
+        tokio::time::advance(Duration::from_secs(10)).await;
+        store.claim("q", "t2", &b, Some("s")).unwrap();
+        let mut listed = store.entries();
+        listed.sort_by(|x, y| x.task.cmp(&y.task));
+        let want = |partner: &str, task: &str, owner: Aic, left: u64| OwnerEntry {
+            partner: partner.into(),
+            task: task.into(),
+            owner,
+            left: Duration::from_secs(left),
+        };
+        assert_eq!(listed, [want("p", "t1", a, 50), want("q", "t2", b, 60)]);
+        tokio::time::advance(Duration::from_secs(55)).await;
+        assert_eq!(store.entries(), [want("q", "t2", b, 5)]);
     }
 
     #[test]

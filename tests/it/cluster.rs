@@ -743,3 +743,61 @@ async fn stream_leases_come_back_after_redis_restarts_empty() {
         "only the first reached the Partner"
     );
 }
+
+/// A Redis that restarts empty loses every task claim; each instance notices its marker
+/// is gone and writes back the owners it knows, so another AIC still cannot start (or
+/// cancel) the task through another instance. Before, B admitted LEADER_B's `start` of
+/// LEADER_A's task once Redis came back empty.
+#[tokio::test]
+async fn task_owners_come_back_after_redis_restarts_empty() {
+    let Some(mut redis) = RedisServer::start() else {
+        return;
+    };
+    let pki = Pki::new();
+    let partner = TestPartner::start(Behaviour::Echo).await;
+    let (a, b) = pair(&pki, &redis, FAST, "", &partner.url()).await;
+    let (la, lb) = (pki.leader(LEADER_A, false), pki.leader(LEADER_B, false));
+    let r = la
+        .post(a.addr, "/p/rpc", &rpc_start("1", LEADER_A, "t1"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let key = "aipgw:{aipgw:task:1:p:2:t1}:owner";
+    let owner = redis::Value::BulkString(LEADER_A.as_bytes().to_vec());
+    assert_eq!(redis.cmd(&["GET", key]), owner);
+
+    redis.restart();
+    assert_eq!(redis.cmd(&["GET", key]), redis::Value::Nil);
+    // Markers are checked every sync interval (100 ms here); the instances reconnect on
+    // their own.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while redis.cmd(&["GET", key]) != owner {
+        assert!(
+            Instant::now() < deadline,
+            "the task's owner was not written back after Redis restarted empty"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ttl = match redis.cmd(&["PTTL", key]) {
+        redis::Value::Int(ms) => ms,
+        other => panic!("PTTL {other:?}"),
+    };
+    assert!(
+        ttl > 0,
+        "written back with the time it had left, not forever"
+    );
+    until_metric(&b, "aipgw_cluster_redis_up", 1.0, Duration::from_secs(5)).await;
+    let r = lb
+        .post(b.addr, "/p/rpc", &rpc_start("2", LEADER_B, "t1"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(r.error(), (-32009, "not_task_owner".into()));
+    assert!(
+        !partner
+            .seen()
+            .iter()
+            .any(|s| String::from_utf8_lossy(&s.body).contains(LEADER_B)),
+        "nothing of B's caller reached the Partner"
+    );
+}
