@@ -136,6 +136,9 @@ pub struct Cluster {
     mirror: replay::Mirror,
     /// Leaders followed from Redis at once (`cluster.replay.max_remote_followers`).
     remote_followers: Arc<tokio::sync::Semaphore>,
+    /// Drawn at random when built: with `instance_id` it names what this instance holds
+    /// in Redis (see [`Cluster::holder`]).
+    nonce: u32,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -171,7 +174,18 @@ impl Cluster {
             remote_followers: Arc::new(tokio::sync::Semaphore::new(
                 settings.replay.max_remote_followers,
             )),
+            nonce: fastrand::u32(..),
         })))
+    }
+
+    /// The name of this instance's `n`th holding in Redis (a stream's lease, a recording,
+    /// its marker): `instance_id`, this instance's random nonce, then `n`. The nonce keeps
+    /// two instances apart even when their ids agree: the default id (host name and pid)
+    /// repeats across containers that share a host name (pid 1 in each) and across
+    /// instances embedded in one process, and a shared name would let one instance's
+    /// lease stand for another's (one stream counted for two) or its release end another's.
+    pub(crate) fn holder(&self, n: impl std::fmt::Display) -> String {
+        format!("{}:{:08x}:{n}", self.settings.instance_id, self.nonce)
     }
 
     /// The settings it was built from.

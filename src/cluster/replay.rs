@@ -321,7 +321,7 @@ pub(crate) fn mirrored(
     let n = RECORDINGS.fetch_add(1, Ordering::Relaxed);
     let stream = Arc::new(MirrorStream {
         reg,
-        token: format!("{}:{n}", cluster.settings.instance_id),
+        token: cluster.holder(n),
         keys: ReplayKeys::new(cluster, key),
         maxlen: limits.max_events_per_stream,
         retention: limits.retention,

@@ -100,7 +100,7 @@ pub(crate) async fn acquire(
 ) -> Result<Option<StreamLease>, ClusterError> {
     let id = cluster.leases.next.fetch_add(1, Ordering::Relaxed);
     let key = lease_key(cluster, aic);
-    let member = format!("{}:{id}", cluster.settings.instance_id);
+    let member = cluster.holder(id);
     let ttl = ttl_ms(cluster);
     let (k, m) = (key.clone(), member.clone());
     let taken: i64 = cluster

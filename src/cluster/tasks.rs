@@ -142,14 +142,7 @@ pub(crate) async fn republish_loop(cluster: Arc<Cluster>, owners: Arc<dyn TaskOw
     // Outlives many checks, so only a Redis that lost it (or a long outage) misses it.
     let marker_ms =
         u64::try_from((every * 20).max(Duration::from_secs(10)).as_millis()).unwrap_or(u64::MAX);
-    let marker = cluster.key(
-        &format!(
-            "instance:{}:{:016x}",
-            cluster.settings.instance_id,
-            fastrand::u64(..)
-        ),
-        "marker",
-    );
+    let marker = cluster.key(&format!("instance:{}", cluster.holder("tasks")), "marker");
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

@@ -801,3 +801,51 @@ async fn task_owners_come_back_after_redis_restarts_empty() {
         "nothing of B's caller reached the Partner"
     );
 }
+
+/// Two instances whose ids agree (here: one process, so the same default host name and
+/// pid; in production, containers that share a host name, each its pid 1) still hold
+/// their leases apart: with `max_streams_per_aic = 2`, a stream through A and one through
+/// B are two leases, and a third is refused. Before, both leases had one name, counted as
+/// one, and the third stream was admitted.
+#[tokio::test]
+async fn instances_with_one_id_hold_their_leases_apart() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let pki = Pki::new();
+    let partner = SsePartner::start(Restream::Error).await;
+    let (a, b) = pair(
+        &pki,
+        &redis,
+        &format!("{FAST}\nstream_lease_ttl = \"3s\""),
+        "[ratelimit]\nmax_streams_per_aic = 2",
+        &partner.url(),
+    )
+    .await;
+    let leader = pki.leader(LEADER_A, false);
+    let mut open = Vec::new();
+    for (gw, task) in [(a.addr, "one"), (b.addr, "two")] {
+        let s = leader
+            .open_stream(
+                gw,
+                "/p/stream",
+                &stream_body(&format!("\"{task}\""), LEADER_A, task, "start", None),
+                &[],
+            )
+            .await;
+        assert_eq!(s.status, 200);
+        open.push((s, partner.feed(task).await));
+    }
+    let key = "aipgw:{aipgw:streams:".to_owned() + LEADER_A + "}:leases";
+    assert_eq!(redis.cmd(&["ZCARD", &key]), redis::Value::Int(2));
+    let refused = leader
+        .post(
+            a.addr,
+            "/p/stream",
+            &stream_body("\"three\"", LEADER_A, "three", "start", None),
+        )
+        .await
+        .unwrap();
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    assert_eq!(refused.error(), (-32029, "aic_streams".into()));
+}
