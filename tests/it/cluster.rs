@@ -616,70 +616,30 @@ async fn open_streams_per_aic_are_counted_across_instances() {
     let Some(redis) = RedisServer::start() else {
         return;
     };
-    let pki = Pki::new();
-    let partner = SsePartner::start(Restream::Error).await;
-    let (a, b) = pair(
-        &pki,
-        &redis,
-        &format!("{FAST}\nstream_lease_ttl = \"3s\""),
-        "[ratelimit]\nmax_streams_per_aic = 1",
-        &partner.url(),
-    )
-    .await;
-    let leader = pki.leader(LEADER_A, false);
-    let open = |gw: SocketAddr, task: &'static str| {
-        let leader = leader.clone();
-        async move {
-            leader
-                .open_stream(
-                    gw,
-                    "/p/stream",
-                    &stream_body("\"s\"", LEADER_A, task, "start", None),
-                    &[],
-                )
-                .await
-        }
-    };
-    let first = open(a.addr, "first").await;
+    let t = Leases::start(&redis, "3s", 1).await;
+    let first = t.open(t.a.addr, "first").await;
     assert_eq!(first.status, 200);
-    let feed = partner.feed("first").await;
-    let key = "aipgw:{aipgw:streams:".to_owned() + LEADER_A + "}:leases";
-    assert_eq!(redis.cmd(&["ZCARD", &key]), redis::Value::Int(1));
-
-    let refused = leader
-        .post(
-            b.addr,
-            "/p/stream",
-            &stream_body("\"s2\"", LEADER_A, "second", "start", None),
-        )
-        .await
-        .unwrap();
-    assert_eq!(refused.status, 429, "{}", refused.text());
-    assert_eq!(refused.error(), (-32029, "aic_streams".into()));
-    assert_eq!(refused.json()["id"], "s2");
-    assert_eq!(
-        partner.commands().len(),
-        1,
-        "the refused stream never reached the Partner"
-    );
+    let feed = t.partner.feed("first").await;
+    assert_eq!(t.held(&redis), redis::Value::Int(1));
+    t.refused(t.b.addr, "second").await;
 
     // Past the lease TTL the lease is still held: it is renewed while the stream runs.
     tokio::time::sleep(Duration::from_millis(3500)).await;
-    assert_eq!(redis.cmd(&["ZCARD", &key]), redis::Value::Int(1));
+    assert_eq!(t.held(&redis), redis::Value::Int(1));
 
     // The Partner ends the first stream: its lease goes, B may open one.
     feed_events(&feed, 1..=1, Some((1, "completed"))).await;
     drop(feed);
     drop(first);
     let deadline = Instant::now() + Duration::from_secs(3);
-    while redis.cmd(&["ZCARD", &key]) != redis::Value::Int(0) {
+    while t.held(&redis) != redis::Value::Int(0) {
         assert!(
             Instant::now() < deadline,
             "the lease stayed after its stream ended"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let second = open(b.addr, "second").await;
+    let second = t.open(t.b.addr, "second").await;
     assert_eq!(second.status, 200);
 }
 
@@ -691,57 +651,25 @@ async fn stream_leases_come_back_after_redis_restarts_empty() {
     let Some(mut redis) = RedisServer::start() else {
         return;
     };
-    let pki = Pki::new();
-    let partner = SsePartner::start(Restream::Error).await;
-    let (a, b) = pair(
-        &pki,
-        &redis,
-        &format!("{FAST}\nstream_lease_ttl = \"900ms\""),
-        "[ratelimit]\nmax_streams_per_aic = 1",
-        &partner.url(),
-    )
-    .await;
-    let leader = pki.leader(LEADER_A, false);
-    let first = leader
-        .open_stream(
-            a.addr,
-            "/p/stream",
-            &stream_body("\"s\"", LEADER_A, "first", "start", None),
-            &[],
-        )
-        .await;
+    let t = Leases::start(&redis, "900ms", 1).await;
+    let first = t.open(t.a.addr, "first").await;
     assert_eq!(first.status, 200);
-    let _feed = partner.feed("first").await;
-    let key = "aipgw:{aipgw:streams:".to_owned() + LEADER_A + "}:leases";
-    assert_eq!(redis.cmd(&["ZCARD", &key]), redis::Value::Int(1));
+    let _feed = t.partner.feed("first").await;
+    assert_eq!(t.held(&redis), redis::Value::Int(1));
 
     redis.restart();
-    assert_eq!(redis.cmd(&["ZCARD", &key]), redis::Value::Int(0));
+    assert_eq!(t.held(&redis), redis::Value::Int(0));
     // Renewals every 300 ms; the instances reconnect on their own.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while redis.cmd(&["ZCARD", &key]) != redis::Value::Int(1) {
+    while t.held(&redis) != redis::Value::Int(1) {
         assert!(
             Instant::now() < deadline,
             "the open stream's lease was not taken again after Redis restarted empty"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    until_metric(&b, "aipgw_cluster_redis_up", 1.0, Duration::from_secs(5)).await;
-    let refused = leader
-        .post(
-            b.addr,
-            "/p/stream",
-            &stream_body("\"s2\"", LEADER_A, "second", "start", None),
-        )
-        .await
-        .unwrap();
-    assert_eq!(refused.status, 429, "{}", refused.text());
-    assert_eq!(refused.error(), (-32029, "aic_streams".into()));
-    assert_eq!(
-        partner.commands().len(),
-        1,
-        "only the first reached the Partner"
-    );
+    until_metric(&t.b, "aipgw_cluster_redis_up", 1.0, Duration::from_secs(5)).await;
+    t.refused(t.b.addr, "second").await;
 }
 
 /// A Redis that restarts empty loses every task claim; each instance notices its marker
@@ -812,40 +740,76 @@ async fn instances_with_one_id_hold_their_leases_apart() {
     let Some(redis) = RedisServer::start() else {
         return;
     };
-    let pki = Pki::new();
-    let partner = SsePartner::start(Restream::Error).await;
-    let (a, b) = pair(
-        &pki,
-        &redis,
-        &format!("{FAST}\nstream_lease_ttl = \"3s\""),
-        "[ratelimit]\nmax_streams_per_aic = 2",
-        &partner.url(),
-    )
-    .await;
-    let leader = pki.leader(LEADER_A, false);
+    let t = Leases::start(&redis, "3s", 2).await;
     let mut open = Vec::new();
-    for (gw, task) in [(a.addr, "one"), (b.addr, "two")] {
-        let s = leader
-            .open_stream(
-                gw,
-                "/p/stream",
-                &stream_body(&format!("\"{task}\""), LEADER_A, task, "start", None),
-                &[],
-            )
-            .await;
+    for (gw, task) in [(t.a.addr, "one"), (t.b.addr, "two")] {
+        let s = t.open(gw, task).await;
         assert_eq!(s.status, 200);
-        open.push((s, partner.feed(task).await));
+        open.push((s, t.partner.feed(task).await));
     }
-    let key = "aipgw:{aipgw:streams:".to_owned() + LEADER_A + "}:leases";
-    assert_eq!(redis.cmd(&["ZCARD", &key]), redis::Value::Int(2));
-    let refused = leader
-        .post(
-            a.addr,
-            "/p/stream",
-            &stream_body("\"three\"", LEADER_A, "three", "start", None),
+    assert_eq!(t.held(&redis), redis::Value::Int(2));
+    t.refused(t.a.addr, "three").await;
+}
+
+/// Two instances with `max_streams_per_aic = max` and leases of `lease_ttl`, in front of
+/// one SSE Partner, and LEADER_A opening streams through them.
+struct Leases {
+    _pki: Pki,
+    partner: SsePartner,
+    a: TestGateway,
+    b: TestGateway,
+    leader: Leader,
+    /// LEADER_A's sorted set of leases.
+    key: String,
+}
+
+impl Leases {
+    async fn start(redis: &RedisServer, lease_ttl: &str, max: usize) -> Leases {
+        let pki = Pki::new();
+        let partner = SsePartner::start(Restream::Error).await;
+        let (a, b) = pair(
+            &pki,
+            redis,
+            &format!("{FAST}\nstream_lease_ttl = \"{lease_ttl}\""),
+            &format!("[ratelimit]\nmax_streams_per_aic = {max}"),
+            &partner.url(),
         )
-        .await
-        .unwrap();
-    assert_eq!(refused.status, 429, "{}", refused.text());
-    assert_eq!(refused.error(), (-32029, "aic_streams".into()));
+        .await;
+        let leader = pki.leader(LEADER_A, false);
+        let key = "aipgw:{aipgw:streams:".to_owned() + LEADER_A + "}:leases";
+        Leases {
+            _pki: pki,
+            partner,
+            a,
+            b,
+            leader,
+            key,
+        }
+    }
+
+    /// A `start` of `task` through `gw`, answered as a stream.
+    async fn open(&self, gw: SocketAddr, task: &str) -> StreamReply {
+        let body = stream_body(&format!("\"{task}\""), LEADER_A, task, "start", None);
+        self.leader.open_stream(gw, "/p/stream", &body, &[]).await
+    }
+
+    /// A `start` of `task` through `gw` that the limit refuses (429 `aic_streams`, its id
+    /// echoed, nothing sent to the Partner).
+    async fn refused(&self, gw: SocketAddr, task: &str) {
+        let sent = self.partner.commands().len();
+        let body = stream_body(&format!("\"{task}\""), LEADER_A, task, "start", None);
+        let r = self.leader.post(gw, "/p/stream", &body).await.unwrap();
+        assert_eq!(r.status, 429, "{}", r.text());
+        assert_eq!(r.error(), (-32029, "aic_streams".into()));
+        assert_eq!(r.json()["id"], task);
+        assert_eq!(
+            self.partner.commands().len(),
+            sent,
+            "it reached the Partner"
+        );
+    }
+
+    fn held(&self, redis: &RedisServer) -> redis::Value {
+        redis.cmd(&["ZCARD", &self.key])
+    }
 }
