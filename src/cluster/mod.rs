@@ -243,6 +243,8 @@ impl Cluster {
             let conn = self
                 .conn
                 .get_or_try_init(|| async {
+                    let reconnect_delay =
+                        (self.settings.sync_interval / 2).max(Duration::from_millis(5));
                     let cfg = ConnectionManagerConfig::new()
                         .set_connection_timeout(Some(self.settings.connect_timeout))
                         .set_response_timeout(Some(
@@ -251,7 +253,12 @@ impl Cluster {
                                 .write_timeout
                                 .max(self.settings.command_timeout),
                         ))
-                        .set_max_delay(Duration::from_secs(2))
+                        // Reconnect attempts at most half a sync interval apart (jitter
+                        // adds up to as much again), so an instance is back within about
+                        // two intervals of Redis answering, however long it was away (a
+                        // fixed 2 s cap let a long outage add up to 2 s to the return).
+                        .set_min_delay(reconnect_delay.min(Duration::from_millis(100)))
+                        .set_max_delay(reconnect_delay)
                         .set_number_of_retries(usize::MAX);
                     ConnectionManager::new_lazy_with_config(self.client.clone(), cfg)
                 })

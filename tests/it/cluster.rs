@@ -390,8 +390,10 @@ async fn redis_paused_killed_and_restarted() {
         "{ok} admitted, others {other:?}"
     );
 
-    // Restarted empty: back within two sync intervals of Redis answering, and the shared
-    // state is written again.
+    // Away long enough for reconnect attempts to back off (a fixed 2 s cap made the
+    // return take up to 2 s more), then restarted empty: back within two sync intervals
+    // of Redis answering, and the shared state is written again.
+    tokio::time::sleep(Duration::from_millis(3000)).await;
     redis.restart();
     let back = until_metric(&gw, "aipgw_cluster_redis_up", 1.0, Duration::from_secs(5)).await;
     let r = leader
