@@ -199,6 +199,38 @@ pub async fn pair(
     (start_gateway(&text).await, start_gateway(&text).await)
 }
 
+/// Two instances on one [`config`] in front of an SSE Partner (answering re-streams that
+/// reach it with `restream`), and `LEADER_A` to call them. Keep `_pki` bound: it holds the
+/// certificates.
+pub struct SseTwo {
+    pub _pki: Pki,
+    pub partner: SsePartner,
+    pub a: TestGateway,
+    pub b: TestGateway,
+    pub leader: Leader,
+}
+
+impl SseTwo {
+    pub async fn start(
+        redis: &RedisServer,
+        restream: Restream,
+        cluster_lines: &str,
+        sections: &str,
+    ) -> SseTwo {
+        let pki = Pki::new();
+        let partner = SsePartner::start(restream).await;
+        let (a, b) = pair(&pki, redis, cluster_lines, sections, &partner.url()).await;
+        let leader = pki.leader(LEADER_A, false);
+        SseTwo {
+            _pki: pki,
+            partner,
+            a,
+            b,
+            leader,
+        }
+    }
+}
+
 pub async fn metric(gw: &TestGateway, name: &str) -> Option<f64> {
     let (_, text) = gw.admin_get("/metrics").await;
     parse_metrics(&text).get(name).copied()
@@ -753,40 +785,31 @@ async fn instances_with_one_id_hold_their_leases_apart() {
     t.refused(t.a.addr, "three").await;
 }
 
-/// Two instances with `max_streams_per_aic = max` and leases of `lease_ttl`, in front of
-/// one SSE Partner, and LEADER_A opening streams through them.
+/// [`SseTwo`] with `max_streams_per_aic = max` and leases of `lease_ttl`.
 struct Leases {
-    _pki: Pki,
-    partner: SsePartner,
-    a: TestGateway,
-    b: TestGateway,
-    leader: Leader,
+    two: SseTwo,
     /// LEADER_A's sorted set of leases.
     key: String,
 }
 
+impl std::ops::Deref for Leases {
+    type Target = SseTwo;
+    fn deref(&self) -> &SseTwo {
+        &self.two
+    }
+}
+
 impl Leases {
     async fn start(redis: &RedisServer, lease_ttl: &str, max: usize) -> Leases {
-        let pki = Pki::new();
-        let partner = SsePartner::start(Restream::Error).await;
-        let (a, b) = pair(
-            &pki,
+        let two = SseTwo::start(
             redis,
+            Restream::Error,
             &format!("{FAST}\nstream_lease_ttl = \"{lease_ttl}\""),
             &format!("[ratelimit]\nmax_streams_per_aic = {max}"),
-            &partner.url(),
         )
         .await;
-        let leader = pki.leader(LEADER_A, false);
         let key = "aipgw:{aipgw:streams:".to_owned() + LEADER_A + "}:leases";
-        Leases {
-            _pki: pki,
-            partner,
-            a,
-            b,
-            leader,
-            key,
-        }
+        Leases { two, key }
     }
 
     /// A `start` of `task` through `gw`, answered as a stream.

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::cluster::{metric, pair, RedisServer, FAST};
+use crate::cluster::{metric, RedisServer, SseTwo, FAST};
 use crate::support::*;
 
 /// The copy's keys for task `task` of Partner `p` under the default prefix.
@@ -78,17 +78,19 @@ async fn a_restream_on_another_instance_is_served_from_redis() {
     let Some(redis) = RedisServer::start() else {
         return;
     };
-    let pki = Pki::new();
-    let partner = SsePartner::start(Restream::Error).await;
-    let (a, b) = pair(
-        &pki,
+    let SseTwo {
+        _pki: pki,
+        partner,
+        a,
+        b,
+        leader,
+    } = SseTwo::start(
         &redis,
+        Restream::Error,
         &format!("{FAST}\n[cluster.replay]\nread_block = \"200ms\""),
         "[stream]\ndetach_timeout = \"1s\"",
-        &partner.url(),
     )
     .await;
-    let leader = pki.leader(LEADER_A, false);
     let mut first = stream(&leader, &a, "\"s1\"", "t1", "start", None).await;
     assert_eq!(first.status, 200);
     let feed = partner.feed("t1").await;
@@ -165,21 +167,23 @@ async fn a_restream_from_an_evicted_seq_goes_to_the_partner() {
     let Some(redis) = RedisServer::start() else {
         return;
     };
-    let pki = Pki::new();
     let replayed = vec![sse_event("\"r\"", 11, "working").to_vec()]
         .into_iter()
         .map(|b| String::from_utf8(b).unwrap())
         .collect();
-    let partner = SsePartner::start(Restream::Events(replayed)).await;
-    let (a, b) = pair(
-        &pki,
+    let SseTwo {
+        _pki,
+        partner,
+        a,
+        b,
+        leader,
+    } = SseTwo::start(
         &redis,
+        Restream::Events(replayed),
         &format!("{FAST}\n[cluster.replay]\nread_block = \"200ms\""),
         "[replay]\nmax_events_per_stream = 50",
-        &partner.url(),
     )
     .await;
-    let leader = pki.leader(LEADER_A, false);
     let first = stream(&leader, &a, "\"s1\"", "t3", "start", None).await;
     assert_eq!(first.status, 200);
     let feed = partner.feed("t3").await;
@@ -259,17 +263,19 @@ async fn a_full_write_queue_is_a_gap_never_a_hole() {
     let Some(redis) = RedisServer::start() else {
         return;
     };
-    let pki = Pki::new();
-    let partner = SsePartner::start(Restream::Error).await;
-    let (a, b) = pair(
-        &pki,
+    let SseTwo {
+        _pki,
+        partner,
+        a,
+        b,
+        leader,
+    } = SseTwo::start(
         &redis,
+        Restream::Error,
         &format!("{FAST}\n[cluster.replay]\nqueue_events = 4\nrecorder_lease_ttl = \"300ms\""),
         "",
-        &partner.url(),
     )
     .await;
-    let leader = pki.leader(LEADER_A, false);
     let mut first = stream(&leader, &a, "\"s1\"", "t4", "start", None).await;
     let feed = partner.feed("t4").await;
     // 50 events in one read: far more than the queue holds.
@@ -301,10 +307,13 @@ async fn redis_killed_and_restarted_under_a_recorded_stream() {
     let Some(mut redis) = RedisServer::start() else {
         return;
     };
-    let pki = Pki::new();
-    let partner = SsePartner::start(Restream::Error).await;
-    let (a, b) = pair(&pki, &redis, FAST, "", &partner.url()).await;
-    let leader = pki.leader(LEADER_A, false);
+    let SseTwo {
+        _pki,
+        partner,
+        a,
+        b,
+        leader,
+    } = SseTwo::start(&redis, Restream::Error, FAST, "").await;
     let mut first = stream(&leader, &a, "\"s1\"", "t5", "start", None).await;
     let feed = partner.feed("t5").await;
     feed_events(&feed, 1..=10, None).await;
@@ -362,17 +371,19 @@ async fn a_lost_recorder_ends_remote_followers_and_restreams_go_to_the_partner()
     let Some(redis) = RedisServer::start() else {
         return;
     };
-    let pki = Pki::new();
-    let partner = SsePartner::start(Restream::Error).await;
-    let (a, b) = pair(
-        &pki,
+    let SseTwo {
+        _pki,
+        partner,
+        a,
+        b,
+        leader,
+    } = SseTwo::start(
         &redis,
+        Restream::Error,
         &format!("{FAST}\n[cluster.replay]\nread_block = \"100ms\"\nrecorder_lease_ttl = \"60s\""),
         "",
-        &partner.url(),
     )
     .await;
-    let leader = pki.leader(LEADER_A, false);
     let first = stream(&leader, &a, "\"s1\"", "t6", "start", None).await;
     let feed = partner.feed("t6").await;
     feed_events(&feed, 1..=5, None).await;
@@ -406,20 +417,22 @@ async fn a_copy_started_anew_elsewhere_is_left_to_its_new_recorder() {
     let Some(redis) = RedisServer::start() else {
         return;
     };
-    let pki = Pki::new();
     let replayed = [(2, "working"), (3, "completed")]
         .map(|(n, s)| String::from_utf8(sse_event("\"r\"", n, s).to_vec()).unwrap())
         .to_vec();
-    let partner = SsePartner::start(Restream::Events(replayed)).await;
-    let (a, b) = pair(
-        &pki,
+    let SseTwo {
+        _pki,
+        partner,
+        a,
+        b,
+        leader,
+    } = SseTwo::start(
         &redis,
+        Restream::Events(replayed),
         FAST,
         "[replay]\nmax_events_per_stream = 5",
-        &partner.url(),
     )
     .await;
-    let leader = pki.leader(LEADER_A, false);
     let mut first = stream(&leader, &a, "\"s1\"", "t7", "start", None).await;
     let feed = partner.feed("t7").await;
     feed_events(&feed, 1..=10, None).await;
