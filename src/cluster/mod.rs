@@ -301,6 +301,12 @@ impl Cluster {
     }
 }
 
+/// A duration as whole milliseconds for Redis (`PX`, `PEXPIRE`, `BLOCK`, script TTLs):
+/// at least 1 (0 means "no expiry" or "block forever" to Redis), saturating.
+pub(crate) fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
 /// A mutex's guard; a poisoned one (a panic while held) is taken as it is: the maps it
 /// guards stay consistent between operations.
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {

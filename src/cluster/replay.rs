@@ -42,7 +42,7 @@ use bytes::Bytes;
 use redis::Value;
 use tokio::sync::mpsc;
 
-use super::{lock, Cluster};
+use super::{lock, ms, Cluster};
 use crate::sse::replay::{
     Cursor, Entry, FollowedElsewhere, FollowerGuard, Gap, StreamEnd, StreamKey, StreamMeta,
     StreamRecord, NO_SEQ,
@@ -147,6 +147,18 @@ impl ReplayKeys {
             recorder: cluster.key(&tag, "recorder"),
             followed: cluster.key(&tag, "followed"),
         }
+    }
+
+    /// `EVALSHA` of `script` on the copy's three keys (events, meta, recorder), for the
+    /// script's `ARGV` to follow.
+    fn on_copy(&self, script: &redis::Script) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash())
+            .arg(3)
+            .arg(&self.events)
+            .arg(&self.meta)
+            .arg(&self.recorder);
+        cmd
     }
 }
 
@@ -446,10 +458,6 @@ impl StreamRecord for Mirrored {
     }
 }
 
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
-}
-
 impl MirrorStream {
     /// The TTL of a live stream's keys.
     fn live_ttl(&self, cluster: &Cluster) -> u64 {
@@ -502,13 +510,8 @@ fn commands(cluster: &Cluster, ops: Vec<Op>) -> Vec<Command> {
         let k = &stream.keys;
         let (id, kind, data, range): (EntryId, &str, &[u8], String) = match &op {
             Op::Open { owner, session, .. } => {
-                let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(OPEN_SCRIPT.get_hash())
-                    .arg(3)
-                    .arg(&k.events)
-                    .arg(&k.meta)
-                    .arg(&k.recorder)
-                    .arg(owner)
+                let mut cmd = k.on_copy(&OPEN_SCRIPT);
+                cmd.arg(owner)
                     .arg(session)
                     .arg(&stream.token)
                     .arg(ms(cluster.settings.replay.recorder_lease_ttl))
@@ -535,13 +538,8 @@ fn commands(cluster: &Cluster, ops: Vec<Op>) -> Vec<Command> {
         let command = match last {
             Some(c) if matches!(c.does, Does::Append { .. }) => c,
             _ => {
-                let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(APPEND_SCRIPT.get_hash())
-                    .arg(3)
-                    .arg(&k.events)
-                    .arg(&k.meta)
-                    .arg(&k.recorder)
-                    .arg(stream.maxlen)
+                let mut cmd = k.on_copy(&APPEND_SCRIPT);
+                cmd.arg(stream.maxlen)
                     .arg(stream.live_ttl(cluster))
                     .arg(ms(stream.retention))
                     .arg(&stream.token);

@@ -244,7 +244,7 @@ async fn fetch(
             .arg(&keys.followed)
             .arg(&cluster.settings.instance_id)
             .arg("PX")
-            .arg(followed_ttl.as_millis() as u64)
+            .arg(super::ms(followed_ttl))
             .ignore();
         if history {
             let start = match read {
@@ -262,7 +262,7 @@ async fn fetch(
                 .arg("COUNT")
                 .arg(rs.batch_events)
                 .arg("BLOCK")
-                .arg(block.as_millis().max(1) as u64)
+                .arg(super::ms(block))
                 .arg("STREAMS")
                 .arg(&keys.events)
                 .arg(read.map_or_else(|| "0-0".to_owned(), |r| r.to_string()));

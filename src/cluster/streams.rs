@@ -125,9 +125,7 @@ pub(crate) async fn acquire(
 }
 
 fn ttl_ms(cluster: &Cluster) -> u64 {
-    u64::try_from(cluster.settings.stream_lease_ttl.as_millis())
-        .unwrap_or(u64::MAX)
-        .max(1)
+    super::ms(cluster.settings.stream_lease_ttl)
 }
 
 /// Renews every live lease of this instance, every third of the lease TTL, and takes

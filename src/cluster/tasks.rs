@@ -82,7 +82,7 @@ pub(crate) async fn claim(
     ttl: Duration,
 ) -> Result<Aic, ClusterError> {
     let key = task_key(cluster, partner, task);
-    let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+    let ms = super::ms(ttl);
     let owner: String = cluster
         .call("task_claim", |mut c| async move {
             CLAIM_SCRIPT
@@ -140,8 +140,7 @@ pub(crate) async fn republish_loop(cluster: Arc<Cluster>, owners: Arc<dyn TaskOw
         .sync_interval
         .max(Duration::from_millis(10));
     // Outlives many checks, so only a Redis that lost it (or a long outage) misses it.
-    let marker_ms =
-        u64::try_from((every * 20).max(Duration::from_secs(10)).as_millis()).unwrap_or(u64::MAX);
+    let marker_ms = super::ms((every * 20).max(Duration::from_secs(10)));
     let marker = cluster.key(&format!("instance:{}", cluster.holder("tasks")), "marker");
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -170,13 +169,12 @@ async fn republish(cluster: &Arc<Cluster>, entries: Vec<crate::policy::tasks::Ow
     for batch in entries.chunks(REPUBLISH_BATCH) {
         let mut pipe = redis::pipe();
         for e in batch {
-            let ms = u64::try_from(e.left.as_millis()).unwrap_or(u64::MAX).max(1);
             pipe.cmd("SET")
                 .arg(task_key(cluster, &e.partner, &e.task))
                 .arg(e.owner.as_str())
                 .arg("NX")
                 .arg("PX")
-                .arg(ms);
+                .arg(super::ms(e.left));
         }
         let timeout = cluster.settings.command_timeout * 10;
         let sent = cluster
