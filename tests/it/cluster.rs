@@ -199,35 +199,70 @@ pub async fn pair(
     (start_gateway(&text).await, start_gateway(&text).await)
 }
 
-/// Two instances on one [`config`] in front of an SSE Partner (answering re-streams that
-/// reach it with `restream`), and `LEADER_A` to call them. Keep `_pki` bound: it holds the
-/// certificates.
-pub struct SseTwo {
+/// Two instances on one [`config`] in front of `partner`, and `LEADER_A` to call them.
+/// Keep `_pki` bound: it holds the certificates.
+pub struct Two<P> {
     pub _pki: Pki,
-    pub partner: SsePartner,
+    pub partner: P,
     pub a: TestGateway,
     pub b: TestGateway,
     pub leader: Leader,
 }
 
-impl SseTwo {
-    pub async fn start(
+/// [`Two`] in front of an SSE Partner.
+pub type SseTwo = Two<SsePartner>;
+
+impl<P> Two<P> {
+    /// Around a Partner already listening at `url`.
+    pub async fn around(
         redis: &RedisServer,
-        restream: Restream,
+        partner: P,
+        url: &str,
         cluster_lines: &str,
         sections: &str,
-    ) -> SseTwo {
+    ) -> Two<P> {
         let pki = Pki::new();
-        let partner = SsePartner::start(restream).await;
-        let (a, b) = pair(&pki, redis, cluster_lines, sections, &partner.url()).await;
+        let (a, b) = pair(&pki, redis, cluster_lines, sections, url).await;
         let leader = pki.leader(LEADER_A, false);
-        SseTwo {
+        Two {
             _pki: pki,
             partner,
             a,
             b,
             leader,
         }
+    }
+
+    /// The parts, to bind in one line.
+    pub fn into_parts(self) -> (Pki, P, TestGateway, TestGateway, Leader) {
+        (self._pki, self.partner, self.a, self.b, self.leader)
+    }
+}
+
+impl Two<SsePartner> {
+    /// In front of an SSE Partner answering re-streams that reach it with `restream`.
+    pub async fn start(
+        redis: &RedisServer,
+        restream: Restream,
+        cluster_lines: &str,
+        sections: &str,
+    ) -> SseTwo {
+        let partner = SsePartner::start(restream).await;
+        let url = partner.url();
+        Two::around(redis, partner, &url, cluster_lines, sections).await
+    }
+}
+
+impl Two<TestPartner> {
+    /// In front of an echoing Partner.
+    pub async fn echo(
+        redis: &RedisServer,
+        cluster_lines: &str,
+        sections: &str,
+    ) -> Two<TestPartner> {
+        let partner = TestPartner::start(Behaviour::Echo).await;
+        let url = partner.url();
+        Two::around(redis, partner, &url, cluster_lines, sections).await
     }
 }
 
@@ -285,17 +320,10 @@ async fn two_instances_share_one_quota() {
     let Some(redis) = RedisServer::start() else {
         return;
     };
-    let pki = Pki::new();
-    let partner = TestPartner::start(Behaviour::Echo).await;
-    let (a, b) = pair(
-        &pki,
-        &redis,
-        FAST,
-        "[ratelimit]\nrate = 20.0\nburst = 5",
-        &partner.url(),
-    )
-    .await;
-    let leader = pki.leader(LEADER_A, false);
+    let (_pki, _partner, a, b, leader) =
+        Two::echo(&redis, FAST, "[ratelimit]\nrate = 20.0\nburst = 5")
+            .await
+            .into_parts();
     let run = Duration::from_secs(3);
     let started = Instant::now();
     let (ok, limited, other) = alternate(&leader, &[a.addr, b.addr], run).await;
@@ -330,17 +358,13 @@ async fn a_strict_quota_is_exact_across_instances() {
     let Some(redis) = RedisServer::start() else {
         return;
     };
-    let pki = Pki::new();
-    let partner = TestPartner::start(Behaviour::Echo).await;
-    let (a, b) = pair(
-        &pki,
+    let (_pki, _partner, a, b, leader) = Two::echo(
         &redis,
         FAST,
         "[ratelimit]\nrate = 20.0\nburst = 20\nstrict = true",
-        &partner.url(),
     )
-    .await;
-    let leader = pki.leader(LEADER_A, false);
+    .await
+    .into_parts();
     let started = Instant::now();
     let (ok, limited, other) =
         alternate(&leader, &[a.addr, b.addr], Duration::from_millis(600)).await;

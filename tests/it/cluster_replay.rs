@@ -78,19 +78,14 @@ async fn a_restream_on_another_instance_is_served_from_redis() {
     let Some(redis) = RedisServer::start() else {
         return;
     };
-    let SseTwo {
-        _pki: pki,
-        partner,
-        a,
-        b,
-        leader,
-    } = SseTwo::start(
+    let (pki, partner, a, b, leader) = SseTwo::start(
         &redis,
         Restream::Error,
         &format!("{FAST}\n[cluster.replay]\nread_block = \"200ms\""),
         "[stream]\ndetach_timeout = \"1s\"",
     )
-    .await;
+    .await
+    .into_parts();
     let mut first = stream(&leader, &a, "\"s1\"", "t1", "start", None).await;
     assert_eq!(first.status, 200);
     let feed = partner.feed("t1").await;
@@ -171,19 +166,14 @@ async fn a_restream_from_an_evicted_seq_goes_to_the_partner() {
         .into_iter()
         .map(|b| String::from_utf8(b).unwrap())
         .collect();
-    let SseTwo {
-        _pki,
-        partner,
-        a,
-        b,
-        leader,
-    } = SseTwo::start(
+    let (_pki, partner, a, b, leader) = SseTwo::start(
         &redis,
         Restream::Events(replayed),
         &format!("{FAST}\n[cluster.replay]\nread_block = \"200ms\""),
         "[replay]\nmax_events_per_stream = 50",
     )
-    .await;
+    .await
+    .into_parts();
     let first = stream(&leader, &a, "\"s1\"", "t3", "start", None).await;
     assert_eq!(first.status, 200);
     let feed = partner.feed("t3").await;
@@ -263,19 +253,14 @@ async fn a_full_write_queue_is_a_gap_never_a_hole() {
     let Some(redis) = RedisServer::start() else {
         return;
     };
-    let SseTwo {
-        _pki,
-        partner,
-        a,
-        b,
-        leader,
-    } = SseTwo::start(
+    let (_pki, partner, a, b, leader) = SseTwo::start(
         &redis,
         Restream::Error,
         &format!("{FAST}\n[cluster.replay]\nqueue_events = 4\nrecorder_lease_ttl = \"300ms\""),
         "",
     )
-    .await;
+    .await
+    .into_parts();
     let mut first = stream(&leader, &a, "\"s1\"", "t4", "start", None).await;
     let feed = partner.feed("t4").await;
     // 50 events in one read: far more than the queue holds.
@@ -307,13 +292,9 @@ async fn redis_killed_and_restarted_under_a_recorded_stream() {
     let Some(mut redis) = RedisServer::start() else {
         return;
     };
-    let SseTwo {
-        _pki,
-        partner,
-        a,
-        b,
-        leader,
-    } = SseTwo::start(&redis, Restream::Error, FAST, "").await;
+    let (_pki, partner, a, b, leader) = SseTwo::start(&redis, Restream::Error, FAST, "")
+        .await
+        .into_parts();
     let mut first = stream(&leader, &a, "\"s1\"", "t5", "start", None).await;
     let feed = partner.feed("t5").await;
     feed_events(&feed, 1..=10, None).await;
@@ -371,19 +352,14 @@ async fn a_lost_recorder_ends_remote_followers_and_restreams_go_to_the_partner()
     let Some(redis) = RedisServer::start() else {
         return;
     };
-    let SseTwo {
-        _pki,
-        partner,
-        a,
-        b,
-        leader,
-    } = SseTwo::start(
+    let (_pki, partner, a, b, leader) = SseTwo::start(
         &redis,
         Restream::Error,
         &format!("{FAST}\n[cluster.replay]\nread_block = \"100ms\"\nrecorder_lease_ttl = \"60s\""),
         "",
     )
-    .await;
+    .await
+    .into_parts();
     let first = stream(&leader, &a, "\"s1\"", "t6", "start", None).await;
     let feed = partner.feed("t6").await;
     feed_events(&feed, 1..=5, None).await;
@@ -420,19 +396,14 @@ async fn a_copy_started_anew_elsewhere_is_left_to_its_new_recorder() {
     let replayed = [(2, "working"), (3, "completed")]
         .map(|(n, s)| String::from_utf8(sse_event("\"r\"", n, s).to_vec()).unwrap())
         .to_vec();
-    let SseTwo {
-        _pki,
-        partner,
-        a,
-        b,
-        leader,
-    } = SseTwo::start(
+    let (_pki, partner, a, b, leader) = SseTwo::start(
         &redis,
         Restream::Events(replayed),
         FAST,
         "[replay]\nmax_events_per_stream = 5",
     )
-    .await;
+    .await
+    .into_parts();
     let mut first = stream(&leader, &a, "\"s1\"", "t7", "start", None).await;
     let feed = partner.feed("t7").await;
     feed_events(&feed, 1..=10, None).await;
