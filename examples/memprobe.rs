@@ -62,6 +62,10 @@ struct Args {
     /// The gateway speaks HTTP/2 to the Partner (`[[partner]] http2 = true`).
     #[arg(long)]
     partner_http2: bool,
+    /// `upstream.pool_max_idle_per_host` for the gateway (idle Partner connections kept
+    /// per worker).
+    #[arg(long, default_value_t = 64)]
+    pool_max_idle: usize,
 }
 
 /// Event padding: each event is about this long (at least its fields: ~165 bytes).
@@ -268,6 +272,8 @@ sweep_interval = "2s"
 level = "warn"
 [policy.tasks]
 ttl = "{tasks_ttl}"
+[upstream]
+pool_max_idle_per_host = {pool_max_idle}
 [admin]
 bind = "127.0.0.1:{admin_port}"
 [[partner]]
@@ -280,6 +286,7 @@ http2 = {h2}
         retention = args.retention.as_secs(),
         h2 = args.partner_http2,
         tasks_ttl = args.tasks_ttl,
+        pool_max_idle = args.pool_max_idle,
     );
     std::fs::write(path("aipgw.toml"), config)?;
     let mut gw = std::process::Command::new(&args.gateway)
@@ -407,6 +414,11 @@ http2 = {h2}
         done.load(Ordering::Relaxed),
         opened
     );
+    let _ = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(gw.id().to_string())
+        .status();
+    tokio::time::sleep(Duration::from_secs(5)).await;
     let _ = gw.kill();
     let _ = gw.wait();
     Ok(())

@@ -42,7 +42,13 @@ pub fn respond(req: &Request<Incoming>, gateway: &Gateway) -> Response<Full<Byte
         "/readyz" => reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready\n"),
         "/metrics" => {
             let snap = gateway.snapshot();
-            let text = snap.metrics.render(snap.replay.stats());
+            let text = snap.metrics.render(
+                snap.replay.stats(),
+                snap.router
+                    .partners()
+                    .iter()
+                    .map(|p| (p.config.name.as_str(), p.pool.idle_connections())),
+            );
             reply(
                 StatusCode::OK,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",

@@ -82,6 +82,13 @@ pub struct PartnerReasonLabels {
     pub reason: &'static str,
 }
 
+/// A Partner.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct PartnerLabels {
+    /// Partner name.
+    pub partner: String,
+}
+
 /// A Leader's stream and how it ended.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StreamOutcomeLabels {
@@ -170,6 +177,7 @@ pub struct Metrics {
     pub replay_gaps: Family<ReasonLabels, Counter>,
     replay_bytes: Gauge,
     heap: Family<KindLabels, Gauge>,
+    upstream_idle: Family<PartnerLabels, Gauge>,
     replay_events: Gauge,
     replay_streams: Gauge,
     replay_evicted_events: Gauge,
@@ -210,6 +218,7 @@ impl Metrics {
             replay_gaps: Family::default(),
             replay_bytes: Gauge::default(),
             heap: Family::default(),
+            upstream_idle: Family::default(),
             replay_events: Gauge::default(),
             replay_streams: Gauge::default(),
             replay_evicted_events: Gauge::default(),
@@ -236,6 +245,11 @@ impl Metrics {
             "open_connections",
             "Open client connections",
             m.open_connections.clone(),
+        );
+        r.register(
+            "upstream_idle_connections",
+            "Idle HTTP/1.1 connections to each Partner kept for the next request (all workers)",
+            m.upstream_idle.clone(),
         );
         r.register(
             "worker_connections",
@@ -360,8 +374,20 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
-    /// The metrics page, with the replay buffer's figures as of now.
-    pub fn render(&self, replay: ReplayStats) -> String {
+    /// The metrics page, with the replay buffer's figures and each Partner's idle
+    /// connections as of now.
+    pub fn render<'a>(
+        &self,
+        replay: ReplayStats,
+        idle: impl Iterator<Item = (&'a str, usize)>,
+    ) -> String {
+        for (partner, n) in idle {
+            self.upstream_idle
+                .get_or_create(&PartnerLabels {
+                    partner: partner.to_owned(),
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
         let g = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         self.replay_bytes.set(g(replay.bytes as u64));
         self.replay_events.set(g(replay.events as u64));

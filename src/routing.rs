@@ -58,6 +58,11 @@ impl Router {
         Router { partners }
     }
 
+    /// Every Partner.
+    pub fn partners(&self) -> &[Arc<Partner>] {
+        &self.partners
+    }
+
     /// The Partner named `name`.
     pub fn partner(&self, name: &str) -> Option<&Arc<Partner>> {
         self.partners.iter().find(|p| p.config.name == name)

@@ -15,3 +15,4 @@ pub use crate::sse::replay::{Entry, ReplayStore, StreamEnd, StreamKey, StreamMet
 pub use crate::sse::splitter::{fields, Splitter};
 pub use crate::tls::pem::{load_certs, load_key};
 pub use crate::trace::parse_traceparent;
+pub use crate::upstream::wire::read_in_pieces as partner_response_in_pieces;

@@ -1,6 +1,7 @@
 //! One timer for the state that would otherwise shrink only when traffic touches it:
 //! idle per-AIC limiter entries (every `ratelimit.sweep_interval`), and finished replay
-//! records past `replay.retention` and expired task owners (every `replay.sweep_interval`).
+//! records past `replay.retention`, expired task owners and idle Partner connections past
+//! `upstream.pool_idle_timeout` or closed by the Partner (every `replay.sweep_interval`).
 //! Without it, a gateway that goes quiet keeps whatever the last burst left behind.
 
 use std::sync::Arc;
@@ -29,6 +30,9 @@ pub(crate) async fn run(gateway: Arc<Gateway>) {
         if now >= next_replay {
             snap.replay.sweep();
             snap.tasks.sweep();
+            for partner in snap.router.partners() {
+                partner.pool.sweep();
+            }
             replay_at = now;
         }
     }

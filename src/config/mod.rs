@@ -110,6 +110,7 @@ pub struct UpstreamConfig {
     pub body_idle_timeout: Duration,
     pub max_error_body_bytes: usize,
     pub http2_connection_window: u32,
+    pub max_response_head_bytes: usize,
 }
 
 /// `[policy.tasks]`, validated.

@@ -517,6 +517,10 @@ pub struct RawUpstream {
     /// allow for a burst of events across every open stream.
     #[serde(default = "default_h2_window")]
     pub http2_connection_window: u32,
+    /// HTTP/1.1 Partners: the longest response head (status line and fields) read; a
+    /// longer one is answered `502` (`upstream_protocol`).
+    #[serde(default = "default_response_head")]
+    pub max_response_head_bytes: usize,
 }
 
 impl Default for RawUpstream {
@@ -529,6 +533,7 @@ impl Default for RawUpstream {
             body_idle_timeout: d30s(),
             max_error_body_bytes: default_error_body(),
             http2_connection_window: default_h2_window(),
+            max_response_head_bytes: default_response_head(),
         }
     }
 }
@@ -840,6 +845,9 @@ fn default_verdict_cache() -> usize {
 }
 fn default_pool_idle() -> usize {
     64
+}
+fn default_response_head() -> usize {
+    64 * 1024
 }
 fn default_error_body() -> usize {
     64 * 1024

@@ -92,6 +92,9 @@ impl TryFrom<&raw::RawUpstream> for UpstreamConfig {
         if !(65_535..=(1 << 31) - 1).contains(&u.http2_connection_window) {
             bail!("upstream.http2_connection_window: must be between 65535 and 2^31-1 bytes");
         }
+        if u.max_response_head_bytes < 1024 {
+            bail!("upstream.max_response_head_bytes: must be at least 1024");
+        }
         Ok(UpstreamConfig {
             connect_timeout: u.connect_timeout,
             response_timeout: u.response_timeout,
@@ -100,6 +103,7 @@ impl TryFrom<&raw::RawUpstream> for UpstreamConfig {
             body_idle_timeout: u.body_idle_timeout,
             max_error_body_bytes: u.max_error_body_bytes,
             http2_connection_window: u.http2_connection_window,
+            max_response_head_bytes: u.max_response_head_bytes,
         })
     }
 }

@@ -217,7 +217,7 @@ where
 /// An unusual answer (not 2xx JSON or an event stream): read and judged, then relayed.
 async fn relay_unusual(
     mut x: Exchange<()>,
-    resp: Response<hyper::body::Incoming>,
+    resp: Response<crate::upstream::PartnerBody>,
     route: crate::routing::Route,
     in_flight: InFlightPermit,
 ) -> Outcome {

@@ -1,0 +1,191 @@
+//! One HTTP/1.1 connection to a Partner: the socket (plain or TLS), the bytes read and not
+//! yet taken, and the checks that say whether it may carry another request.
+//!
+//! Reads land in a buffer on the thread's stack and only what arrived is copied into the
+//! connection's own buffer, sized to it: a quiet stream's connection holds no read buffer
+//! at all (hyper's client kept 8 KiB for reading and 8 KiB for writing per connection).
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+
+/// Bytes read from the socket at once (a stack buffer, not kept).
+const READ_CHUNK: usize = 16 * 1024;
+
+/// Where a connection goes and how it is secured.
+pub(crate) struct Endpoint {
+    pub host: String,
+    pub port: u16,
+    /// `host:port` as the `host` field says it.
+    pub authority: String,
+    pub tls: Option<(TlsConnector, ServerName<'static>)>,
+}
+
+impl Endpoint {
+    /// From an upstream URL; `tls` is used for `https://`, `server_name` overrides the
+    /// name checked against the Partner's certificate.
+    pub(crate) fn new(
+        uri: &http::Uri,
+        tls: &Arc<rustls::ClientConfig>,
+        server_name: Option<&str>,
+    ) -> anyhow::Result<Endpoint> {
+        let https = match uri.scheme_str() {
+            Some("https") => true,
+            Some("http") | None => false,
+            Some(other) => anyhow::bail!("upstream {uri}: scheme {other} is not http or https"),
+        };
+        let host = uri
+            .host()
+            .ok_or_else(|| anyhow::anyhow!("upstream {uri} has no host"))?;
+        let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let bare = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        let tls = if https {
+            let name = ServerName::try_from(server_name.unwrap_or(&bare).to_owned())?;
+            Some((TlsConnector::from(tls.clone()), name))
+        } else {
+            None
+        };
+        let authority = match uri.port_u16() {
+            Some(p) => format!("{host}:{p}"),
+            None => host.to_owned(),
+        };
+        Ok(Endpoint {
+            host: bare,
+            port,
+            authority,
+            tls,
+        })
+    }
+}
+
+/// Why a connection could not be made.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ConnectError {
+    #[error("connect to the Partner failed: {0}")]
+    Tcp(#[source] io::Error),
+    #[error("connect to the Partner timed out after {0:?}")]
+    Timeout(Duration),
+    #[error("TLS handshake with the Partner failed: {0}")]
+    Tls(#[source] io::Error),
+}
+
+pub(crate) enum Io {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+/// A connection and the bytes read from it that no response has taken yet.
+pub(crate) struct Conn {
+    io: Io,
+    pub(crate) buf: BytesMut,
+}
+
+impl Conn {
+    /// Connects (TCP within `connect_timeout`, then the TLS handshake if any).
+    pub(crate) async fn open(
+        to: &Endpoint,
+        connect_timeout: Duration,
+    ) -> Result<Conn, ConnectError> {
+        let tcp = tokio::time::timeout(
+            connect_timeout,
+            TcpStream::connect((to.host.as_str(), to.port)),
+        )
+        .await
+        .map_err(|_| ConnectError::Timeout(connect_timeout))?
+        .map_err(ConnectError::Tcp)?;
+        let _ = tcp.set_nodelay(true);
+        let io = match &to.tls {
+            None => Io::Plain(tcp),
+            Some((connector, name)) => Io::Tls(Box::new(
+                connector
+                    .connect(name.clone(), tcp)
+                    .await
+                    .map_err(ConnectError::Tls)?,
+            )),
+        };
+        Ok(Conn {
+            io,
+            buf: BytesMut::new(),
+        })
+    }
+
+    fn tcp(&self) -> &TcpStream {
+        match &self.io {
+            Io::Plain(s) => s,
+            Io::Tls(s) => s.get_ref().0,
+        }
+    }
+
+    /// Writes a request (its head and body) and flushes it.
+    pub(crate) async fn write(&mut self, head: &[u8], body: &[u8]) -> io::Result<()> {
+        match &mut self.io {
+            Io::Plain(s) => write_two(s, head, body).await,
+            Io::Tls(s) => {
+                write_two(&mut **s, head, body).await?;
+                s.flush().await
+            }
+        }
+    }
+
+    /// Reads what the socket has into [`Self::buf`]; `Ok(0)` at its end.
+    pub(crate) fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        let mut stack = [MaybeUninit::<u8>::uninit(); READ_CHUNK];
+        let mut read = ReadBuf::uninit(&mut stack);
+        let polled = match &mut self.io {
+            Io::Plain(s) => Pin::new(s).poll_read(cx, &mut read),
+            Io::Tls(s) => Pin::new(&mut **s).poll_read(cx, &mut read),
+        };
+        match polled {
+            Poll::Ready(Ok(())) => {
+                let got = read.filled();
+                if self.buf.is_empty() {
+                    // Sized to what arrived; whatever the last response left is let go.
+                    self.buf = BytesMut::from(got);
+                } else {
+                    self.buf.extend_from_slice(got);
+                }
+                Poll::Ready(Ok(got.len()))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    /// Whether an idle connection can carry a request: nothing left unread, and the
+    /// Partner has neither closed it nor sent anything unasked (one `MSG_PEEK` when the
+    /// socket has been readable since the last read).
+    pub(crate) fn reusable(&self) -> bool {
+        if !self.buf.is_empty() {
+            return false;
+        }
+        let mut cx = Context::from_waker(Waker::noop());
+        let tcp = self.tcp();
+        if tcp.poll_read_ready(&mut cx).is_pending() {
+            return true;
+        }
+        let mut byte = [MaybeUninit::<u8>::uninit(); 1];
+        let mut peek = ReadBuf::uninit(&mut byte);
+        matches!(tcp.poll_peek(&mut cx, &mut peek), Poll::Pending)
+    }
+}
+
+async fn write_two<W: AsyncWrite + Unpin>(w: &mut W, head: &[u8], body: &[u8]) -> io::Result<()> {
+    if body.is_empty() {
+        return w.write_all(head).await;
+    }
+    let mut both = bytes::Buf::chain(head, body);
+    w.write_all_buf(&mut both).await
+}

@@ -1,0 +1,266 @@
+//! The gateway's HTTP/1.1 client to Partners: a request written and its response read on
+//! the request's own task (no connection task, no channel between them), over
+//! connections kept in [`Idle`] between requests. The bytes are [`super::wire`]'s.
+//!
+//! A connection goes back to the idle set only when its response was read to the end of
+//! its framing with nothing after it, the Partner did not ask to close, and its body was
+//! not dropped early; anything else closes it. A request on a reused connection whose
+//! write fails (the Partner closed it while idle) is written once more on a new one;
+//! nothing is retried once written.
+
+use std::future::poll_fn;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, Uri};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{BodyExt, Full};
+
+use super::conn::{Conn, ConnectError, Endpoint};
+use super::idle::Idle;
+use super::wire::{encode_head, parse_head, Decoder, Parsed, Step, Truncated, WireError};
+
+/// Request bodies up to this size are copied behind the head and written at once.
+const JOIN_BODY: usize = 16 * 1024;
+
+/// Why a request to a Partner failed before its response head.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum H1Error {
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    #[error("writing the request to the Partner failed: {0}")]
+    Write(#[source] io::Error),
+    #[error("reading from the Partner failed: {0}")]
+    Read(#[source] io::Error),
+    #[error("the Partner closed the connection before its response head")]
+    ClosedBeforeHead,
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    #[error("{0} is not one of the Partner's upstreams")]
+    NoUpstream(Uri),
+}
+
+/// One Partner's HTTP/1.1 client: its upstreams and their idle connections.
+pub(crate) struct H1Client {
+    endpoints: Vec<(Uri, Endpoint)>,
+    idle: Arc<Idle>,
+    connect_timeout: Duration,
+    max_head: usize,
+}
+
+impl H1Client {
+    pub(crate) fn new(
+        endpoints: Vec<(Uri, Endpoint)>,
+        idle: Idle,
+        connect_timeout: Duration,
+        max_head: usize,
+    ) -> H1Client {
+        H1Client {
+            endpoints,
+            idle: Arc::new(idle),
+            connect_timeout,
+            max_head,
+        }
+    }
+
+    pub(crate) fn idle(&self) -> &Idle {
+        &self.idle
+    }
+
+    fn upstream(&self, uri: &Uri) -> Option<usize> {
+        self.endpoints
+            .iter()
+            .position(|(u, _)| u.scheme() == uri.scheme() && u.authority() == uri.authority())
+    }
+
+    /// Sends a request, yielding the response once its head is read.
+    pub(crate) async fn send(
+        self: Arc<Self>,
+        req: Request<Full<Bytes>>,
+    ) -> Result<Response<H1Body>, H1Error> {
+        let (parts, mut body) = req.into_parts();
+        let body = match body.frame().await {
+            Some(Ok(frame)) => frame.into_data().unwrap_or_default(),
+            _ => Bytes::new(),
+        };
+        let upstream = self
+            .upstream(&parts.uri)
+            .ok_or_else(|| H1Error::NoUpstream(parts.uri.clone()))?;
+        let to = &self.endpoints[upstream].1;
+        let worker = crate::workers::slot(self.idle.workers());
+        let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let join = body.len() <= JOIN_BODY;
+        let mut head =
+            Vec::with_capacity(256 + parts.headers.len() * 48 + join as usize * body.len());
+        encode_head(
+            &mut head,
+            &parts.method,
+            target,
+            &to.authority,
+            &parts.headers,
+            body.len(),
+        );
+        let rest: &[u8] = if join {
+            head.extend_from_slice(&body);
+            &[]
+        } else {
+            &body
+        };
+        let mut conn = match self.idle.take(worker, upstream) {
+            Some(mut conn) => match conn.write(&head, rest).await {
+                Ok(()) => conn,
+                Err(_) => {
+                    let mut conn = Conn::open(to, self.connect_timeout).await?;
+                    conn.write(&head, rest).await.map_err(H1Error::Write)?;
+                    conn
+                }
+            },
+            None => {
+                let mut conn = Conn::open(to, self.connect_timeout).await?;
+                conn.write(&head, rest).await.map_err(H1Error::Write)?;
+                conn
+            }
+        };
+        drop(head);
+        let head = loop {
+            match parse_head(&mut conn.buf, &parts.method, self.max_head)? {
+                Parsed::Head(head) => break head,
+                Parsed::Informational => continue,
+                Parsed::Partial => {}
+            }
+            let n = poll_fn(|cx| conn.poll_fill(cx))
+                .await
+                .map_err(H1Error::Read)?;
+            if n == 0 {
+                return Err(H1Error::ClosedBeforeHead);
+            }
+        };
+        let mut body = H1Body {
+            conn: Some(conn),
+            decoder: Decoder::new(head.framing),
+            keep_alive: head.keep_alive,
+            home: (self.idle.clone(), worker, upstream),
+        };
+        if body.decoder.is_done() {
+            body.finish();
+        }
+        let mut resp = Response::new(body);
+        *resp.status_mut() = head.status;
+        *resp.version_mut() = head.version;
+        *resp.headers_mut() = head.headers;
+        Ok(resp)
+    }
+}
+
+/// Why a response body broke off.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BodyError {
+    /// An `UnexpectedEof` inside: the Partner closed the connection before the body's end.
+    #[error("reading the Partner's body failed: {0}")]
+    Io(#[source] io::Error),
+    #[error(transparent)]
+    Wire(#[from] WireError),
+}
+
+impl From<Truncated> for BodyError {
+    fn from(t: Truncated) -> BodyError {
+        match t {
+            Truncated::Eof => BodyError::Io(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the Partner closed the connection before the body's end",
+            )),
+            Truncated::Invalid(w) => BodyError::Wire(w),
+        }
+    }
+}
+
+/// A Partner's response body, read from its connection as the relay asks for it.
+pub(crate) struct H1Body {
+    conn: Option<Conn>,
+    decoder: Decoder,
+    keep_alive: bool,
+    /// Where the connection goes back: the idle set, the worker, the upstream.
+    home: (Arc<Idle>, usize, usize),
+}
+
+impl H1Body {
+    /// The body is read: its connection kept for another request if it can carry one.
+    fn finish(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            if self.keep_alive && conn.buf.is_empty() {
+                let (idle, worker, upstream) = &self.home;
+                idle.put(*worker, *upstream, conn);
+            }
+        }
+    }
+
+    fn fail(&mut self, e: impl Into<BodyError>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        self.conn = None;
+        Poll::Ready(Some(Err(e.into())))
+    }
+}
+
+impl Body for H1Body {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = &mut *self;
+        loop {
+            let Some(conn) = this.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            let eof = match this.decoder.next(&mut conn.buf, false) {
+                Ok(Step::Data(data)) => {
+                    if this.decoder.is_done() {
+                        this.finish();
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Ok(Step::End) => {
+                    this.finish();
+                    return Poll::Ready(None);
+                }
+                Ok(Step::NeedMore) => match ready!(conn.poll_fill(cx)) {
+                    Ok(0) => true,
+                    Ok(_) => false,
+                    Err(e) => return this.fail(BodyError::Io(e)),
+                },
+                Err(e) => return this.fail(e),
+            };
+            if eof {
+                // Whatever the end of the connection makes of the body; the connection
+                // itself is done.
+                let step = this.decoder.next(&mut conn.buf, true);
+                this.conn = None;
+                return match step {
+                    Ok(Step::Data(data)) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                    Ok(_) => Poll::Ready(None),
+                    Err(e) => this.fail(e),
+                };
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.conn.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.decoder.remaining() {
+            Some(n) if self.conn.is_some() => SizeHint::with_exact(n),
+            Some(_) => SizeHint::with_exact(0),
+            None => SizeHint::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

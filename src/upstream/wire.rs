@@ -1,0 +1,551 @@
+//! HTTP/1.1 to a Partner, the bytes alone: the request head written, the response head
+//! parsed (`httparse`) and the response body's framing decoded. No I/O here, so every
+//! rule is unit-tested and fuzzed on its own (`fuzz/fuzz_targets/partner_response.rs`).
+//!
+//! Written here rather than taken from hyper's client because the gateway's own client
+//! (`h1.rs` beside this file) keeps no per-connection buffers while a stream is quiet (hyper's keeps
+//! 16 KiB per Partner connection, which was half of an open stream's memory) and runs
+//! on the request's own task. The rules are strict where a lenient reading could let one
+//! response bleed into the next on a reused connection: both `Transfer-Encoding` and
+//! `Content-Length`, a coding other than `chunked`, differing lengths, a bare LF in
+//! chunked framing: each is refused, never guessed.
+
+use bytes::{Bytes, BytesMut};
+use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
+
+/// Most response header fields read.
+pub(crate) const MAX_HEADERS: usize = 100;
+/// Longest chunk-size line (with its extensions) or trailer section accepted.
+const MAX_CHUNK_LINE: usize = 4096;
+const MAX_TRAILERS: usize = 16 * 1024;
+
+/// How a Partner's response broke HTTP/1.1.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum WireError {
+    #[error("invalid response head: {0}")]
+    Head(&'static str),
+    #[error("response head larger than {0} bytes")]
+    HeadTooLarge(usize),
+    #[error("invalid response framing: {0}")]
+    Framing(&'static str),
+    #[error("invalid chunked body: {0}")]
+    Chunked(&'static str),
+}
+
+/// Writes a request head (`content-length` framing; the caller's `host`,
+/// `content-length`, `transfer-encoding` and `connection` fields are replaced).
+pub(crate) fn encode_head(
+    out: &mut Vec<u8>,
+    method: &Method,
+    target: &str,
+    host: &str,
+    headers: &HeaderMap,
+    content_length: usize,
+) {
+    out.extend_from_slice(method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(if target.is_empty() { "/" } else { target }.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+    out.extend_from_slice(host.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in headers {
+        if name == http::header::HOST
+            || name == CONTENT_LENGTH
+            || name == TRANSFER_ENCODING
+            || name == CONNECTION
+        {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"content-length: ");
+    out.extend_from_slice(itoa_buf(content_length).as_bytes());
+    out.extend_from_slice(b"\r\n\r\n");
+}
+
+/// A response head read.
+#[derive(Debug)]
+pub(crate) struct Head {
+    pub status: StatusCode,
+    pub version: Version,
+    pub headers: HeaderMap,
+    pub framing: Framing,
+    /// The connection may carry another request once the body is read.
+    pub keep_alive: bool,
+}
+
+/// How the body's end is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Framing {
+    Empty,
+    Length(u64),
+    Chunked,
+    /// Until the Partner closes the connection.
+    Close,
+}
+
+/// What [`parse_head`] found at the front of the buffer.
+#[derive(Debug)]
+pub(crate) enum Parsed {
+    /// More bytes are needed.
+    Partial,
+    /// An informational (1xx) response, consumed; another head follows.
+    Informational,
+    Head(Head),
+}
+
+/// Parses (and takes from `buf`) a response head to a request of `method`; heads longer
+/// than `max` bytes are refused. Field values are slices of the head, not copies.
+pub(crate) fn parse_head(
+    buf: &mut BytesMut,
+    method: &Method,
+    max: usize,
+) -> Result<Parsed, WireError> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut res = httparse::Response::new(&mut fields);
+    let len = match res.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) if buf.len() > max => {
+            return Err(WireError::HeadTooLarge(max))
+        }
+        Ok(httparse::Status::Partial) => return Ok(Parsed::Partial),
+        Err(httparse::Error::TooManyHeaders) => return Err(WireError::Head("too many fields")),
+        Err(_) => return Err(WireError::Head("malformed")),
+    };
+    if len > max {
+        return Err(WireError::HeadTooLarge(max));
+    }
+    let code = res.code.unwrap_or(0);
+    let status = StatusCode::from_u16(code).map_err(|_| WireError::Head("status code"))?;
+    if status == StatusCode::SWITCHING_PROTOCOLS {
+        return Err(WireError::Head("an upgrade was not asked for"));
+    }
+    if status.is_informational() {
+        let _ = buf.split_to(len);
+        return Ok(Parsed::Informational);
+    }
+    let version = match res.version {
+        Some(1) => Version::HTTP_11,
+        _ => Version::HTTP_10,
+    };
+    // Offsets of each field in the head, so the values can be sliced once it is frozen.
+    let base = buf.as_ptr() as usize;
+    let mut spans = smallvec::SmallVec::<[(usize, usize, usize, usize); 16]>::new();
+    for h in res.headers.iter() {
+        let n = h.name.as_ptr() as usize - base;
+        let v = h.value.as_ptr() as usize - base;
+        spans.push((n, h.name.len(), v, h.value.len()));
+    }
+    let head = buf.split_to(len).freeze();
+    let mut headers = HeaderMap::with_capacity(spans.len());
+    let mut lengths: Option<u64> = None;
+    let (mut chunked, mut transfer, mut close) = (false, false, version == Version::HTTP_10);
+    for (n, nl, v, vl) in spans {
+        let name =
+            HeaderName::from_bytes(&head[n..n + nl]).map_err(|_| WireError::Head("field name"))?;
+        let value = HeaderValue::from_maybe_shared(head.slice(v..v + vl))
+            .map_err(|_| WireError::Head("field value"))?;
+        if name == CONTENT_LENGTH {
+            for part in value.as_bytes().split(|&b| b == b',') {
+                let n = parse_length(part)?;
+                if lengths.is_some_and(|l| l != n) {
+                    return Err(WireError::Framing("differing content-length values"));
+                }
+                lengths = Some(n);
+            }
+        } else if name == TRANSFER_ENCODING {
+            if transfer
+                || !value
+                    .as_bytes()
+                    .trim_ascii()
+                    .eq_ignore_ascii_case(b"chunked")
+            {
+                return Err(WireError::Framing("a transfer coding other than chunked"));
+            }
+            (transfer, chunked) = (true, true);
+        } else if name == CONNECTION {
+            for token in value.as_bytes().split(|&b| b == b',') {
+                let token = token.trim_ascii();
+                if token.eq_ignore_ascii_case(b"close") {
+                    close = true;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") && version == Version::HTTP_10 {
+                    close = false;
+                }
+            }
+        }
+        headers.append(name, value);
+    }
+    if chunked && lengths.is_some() {
+        return Err(WireError::Framing(
+            "both transfer-encoding and content-length",
+        ));
+    }
+    let no_body = method == Method::HEAD
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    let framing = match (no_body, chunked, lengths) {
+        (true, _, _) => Framing::Empty,
+        (false, true, _) => Framing::Chunked,
+        (false, false, Some(0)) => Framing::Empty,
+        (false, false, Some(n)) => Framing::Length(n),
+        (false, false, None) => Framing::Close,
+    };
+    Ok(Parsed::Head(Head {
+        status,
+        version,
+        headers,
+        keep_alive: !close && framing != Framing::Close,
+        framing,
+    }))
+}
+
+fn parse_length(digits: &[u8]) -> Result<u64, WireError> {
+    let digits = digits.trim_ascii();
+    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+        return Err(WireError::Framing("content-length"));
+    }
+    Ok(digits
+        .iter()
+        .fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
+}
+
+/// One step of a body's decoding.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    Data(Bytes),
+    /// The buffer holds no more of the body; read on.
+    NeedMore,
+    /// The body is complete (what follows in the buffer is not part of it).
+    End,
+}
+
+/// Decodes a body from the connection's buffer as it fills.
+#[derive(Debug)]
+pub(crate) enum Decoder {
+    Length(u64),
+    Chunked(Chunked),
+    Close,
+    Done,
+}
+
+impl Decoder {
+    pub(crate) fn new(framing: Framing) -> Decoder {
+        match framing {
+            Framing::Empty | Framing::Length(0) => Decoder::Done,
+            Framing::Length(n) => Decoder::Length(n),
+            Framing::Chunked => Decoder::Chunked(Chunked::default()),
+            Framing::Close => Decoder::Close,
+        }
+    }
+
+    /// The body's bytes still to come, when known.
+    pub(crate) fn remaining(&self) -> Option<u64> {
+        match self {
+            Decoder::Length(n) => Some(*n),
+            Decoder::Done => Some(0),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn is_done(&self) -> bool {
+        matches!(self, Decoder::Done)
+    }
+
+    /// The next step from `buf`; `eof` says the connection has closed (no more bytes
+    /// will come), which ends a close-delimited body and breaks any other.
+    pub(crate) fn next(&mut self, buf: &mut BytesMut, eof: bool) -> Result<Step, Truncated> {
+        match self {
+            Decoder::Done => Ok(Step::End),
+            Decoder::Length(left) => {
+                if buf.is_empty() {
+                    return if eof {
+                        Err(Truncated::Eof)
+                    } else {
+                        Ok(Step::NeedMore)
+                    };
+                }
+                let n = (*left).min(buf.len() as u64) as usize;
+                *left -= n as u64;
+                if *left == 0 {
+                    *self = Decoder::Done;
+                }
+                Ok(Step::Data(buf.split_to(n).freeze()))
+            }
+            Decoder::Close => {
+                if !buf.is_empty() {
+                    return Ok(Step::Data(buf.split().freeze()));
+                }
+                if eof {
+                    *self = Decoder::Done;
+                    return Ok(Step::End);
+                }
+                Ok(Step::NeedMore)
+            }
+            Decoder::Chunked(c) => {
+                let step = c.next(buf).map_err(Truncated::Invalid)?;
+                if step == Step::End {
+                    *self = Decoder::Done;
+                } else if step == Step::NeedMore && eof {
+                    return Err(Truncated::Eof);
+                }
+                Ok(step)
+            }
+        }
+    }
+}
+
+/// Why a body ended before its end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Truncated {
+    /// The connection closed first.
+    Eof,
+    Invalid(WireError),
+}
+
+/// The chunked coding's state between reads.
+#[derive(Debug, Default)]
+pub(crate) struct Chunked {
+    state: ChunkState,
+    /// Bytes of the current size line, or of the trailer section, seen so far.
+    line: usize,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum ChunkState {
+    /// Hex digits of a chunk size (`size`, `digits` read so far).
+    #[default]
+    Start,
+    Size {
+        size: u64,
+        digits: u8,
+    },
+    /// Spaces after the size, before `;` or CR.
+    SizeSpace {
+        size: u64,
+    },
+    /// A chunk extension, skipped to its CR.
+    Extension {
+        size: u64,
+    },
+    SizeLf {
+        size: u64,
+    },
+    Data {
+        left: u64,
+    },
+    DataCr,
+    DataLf,
+    /// After the last chunk: trailer lines, `at_line_start` when the previous byte ended
+    /// a line.
+    Trailer {
+        at_line_start: bool,
+        cr: bool,
+    },
+    End,
+}
+
+impl Chunked {
+    fn next(&mut self, buf: &mut BytesMut) -> Result<Step, WireError> {
+        let mut used = 0;
+        let step = loop {
+            if let ChunkState::Data { left } = self.state {
+                if used > 0 {
+                    let _ = buf.split_to(used);
+                    used = 0;
+                }
+                if buf.is_empty() {
+                    break Step::NeedMore;
+                }
+                let n = left.min(buf.len() as u64) as usize;
+                self.state = if left == n as u64 {
+                    ChunkState::DataCr
+                } else {
+                    ChunkState::Data {
+                        left: left - n as u64,
+                    }
+                };
+                return Ok(Step::Data(buf.split_to(n).freeze()));
+            }
+            if self.state == ChunkState::End {
+                break Step::End;
+            }
+            let Some(&b) = buf.get(used) else {
+                break Step::NeedMore;
+            };
+            used += 1;
+            self.state = self.byte(b)?;
+        };
+        let _ = buf.split_to(used);
+        Ok(step)
+    }
+
+    fn byte(&mut self, b: u8) -> Result<ChunkState, WireError> {
+        use ChunkState::*;
+        if matches!(
+            self.state,
+            Start | Size { .. } | SizeSpace { .. } | Extension { .. }
+        ) {
+            self.line += 1;
+            if self.line > MAX_CHUNK_LINE {
+                return Err(WireError::Chunked("chunk-size line too long"));
+            }
+        }
+        let next = match (self.state, b) {
+            (Start, _) => match hex(b) {
+                Some(d) => Size {
+                    size: u64::from(d),
+                    digits: 1,
+                },
+                None => return Err(WireError::Chunked("chunk size")),
+            },
+            (Size { size, digits }, _) if hex(b).is_some() => {
+                if digits >= 16 {
+                    return Err(WireError::Chunked("chunk size too large"));
+                }
+                Size {
+                    size: size << 4 | u64::from(hex(b).unwrap_or(0)),
+                    digits: digits + 1,
+                }
+            }
+            (Size { size, .. } | SizeSpace { size }, b' ' | b'\t') => SizeSpace { size },
+            (Size { size, .. } | SizeSpace { size }, b';') => Extension { size },
+            (Size { size, .. } | SizeSpace { size } | Extension { size }, b'\r') => SizeLf { size },
+            (Extension { size }, b) if b == b'\t' || (b' '..0x7f).contains(&b) || b >= 0x80 => {
+                Extension { size }
+            }
+            (SizeLf { size: 0 }, b'\n') => {
+                self.line = 0;
+                Trailer {
+                    at_line_start: true,
+                    cr: false,
+                }
+            }
+            (SizeLf { size }, b'\n') => {
+                self.line = 0;
+                Data { left: size }
+            }
+            (DataCr, b'\r') => DataLf,
+            (DataLf, b'\n') => Start,
+            (
+                Trailer {
+                    at_line_start,
+                    cr: false,
+                },
+                b'\r',
+            ) => Trailer {
+                at_line_start,
+                cr: true,
+            },
+            (
+                Trailer {
+                    at_line_start,
+                    cr: true,
+                },
+                b'\n',
+            ) => {
+                if at_line_start {
+                    End
+                } else {
+                    Trailer {
+                        at_line_start: true,
+                        cr: false,
+                    }
+                }
+            }
+            (Trailer { cr: false, .. }, b) if b != b'\n' => {
+                self.line += 1;
+                if self.line > MAX_TRAILERS {
+                    return Err(WireError::Chunked("trailer section too long"));
+                }
+                Trailer {
+                    at_line_start: false,
+                    cr: false,
+                }
+            }
+            (Size { .. } | SizeSpace { .. }, _) => return Err(WireError::Chunked("chunk size")),
+            (Extension { .. }, _) => return Err(WireError::Chunked("chunk extension")),
+            (SizeLf { .. } | DataLf, _) => return Err(WireError::Chunked("a CR without LF")),
+            (DataCr, _) => return Err(WireError::Chunked("chunk longer than its size")),
+            (Trailer { .. }, _) => return Err(WireError::Chunked("trailer line")),
+            // Handled by the caller before a byte is read.
+            (Data { .. } | End, _) => return Err(WireError::Chunked("state")),
+        };
+        Ok(next)
+    }
+}
+
+fn hex(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// A `usize` in decimal, without allocating.
+struct Digits {
+    buf: [u8; 20],
+    start: usize,
+}
+
+impl Digits {
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+}
+
+fn itoa_buf(mut n: usize) -> Digits {
+    let mut d = Digits {
+        buf: [0; 20],
+        start: 20,
+    };
+    loop {
+        d.start -= 1;
+        d.buf[d.start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return d;
+        }
+    }
+}
+
+/// A Partner's response (head and body) read from `data` delivered whole and delivered
+/// in pieces of `piece` bytes: the status and the body's bytes, or `None` where it is
+/// refused or incomplete. How bytes arrive must never change what is read (the fuzz
+/// target `partner_response` checks that on arbitrary input).
+#[cfg(any(test, feature = "test-util"))]
+pub fn read_in_pieces(data: &[u8], piece: usize) -> Option<(u16, Vec<u8>)> {
+    let piece = piece.max(1);
+    let mut buf = BytesMut::new();
+    let mut fed = 0;
+    let feed = |buf: &mut BytesMut, fed: &mut usize| {
+        let end = (*fed + piece).min(data.len());
+        buf.extend_from_slice(&data[*fed..end]);
+        *fed = end;
+    };
+    let head = loop {
+        match parse_head(&mut buf, &Method::POST, 4096).ok()? {
+            Parsed::Head(head) => break head,
+            Parsed::Informational => continue,
+            Parsed::Partial if fed == data.len() => return None,
+            Parsed::Partial => feed(&mut buf, &mut fed),
+        }
+    };
+    let mut decoder = Decoder::new(head.framing);
+    let mut body = Vec::new();
+    loop {
+        match decoder.next(&mut buf, fed == data.len()).ok()? {
+            Step::Data(d) => body.extend_from_slice(&d),
+            Step::End => return Some((head.status.as_u16(), body)),
+            Step::NeedMore => feed(&mut buf, &mut fed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
