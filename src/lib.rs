@@ -42,7 +42,9 @@
 //! - [`identity`]: AIC format and check code; certificate -> AIC (pure functions).
 //! - [`jsonrpc`]: borrowed envelope parse, method/command vocabulary, error bodies.
 //! - `routing`: the Partner table: host + path -> Partner and method.
-//! - `upstream`: pooled clients to Partners, timeouts, identity headers.
+//! - `upstream`: clients to Partners: the gateway's own HTTP/1.1 client (`wire`: the bytes;
+//!   `conn`, `idle`: connections and those kept between requests; `h1`: a request on its
+//!   own task) and hyper's for HTTP/2 Partners; timeouts and failures named.
 //! - `answer`: a Partner's answer judged: relayed, or `upstream_bad_response`.
 //! - [`layers`]: the request path as tower layers over an `Exchange`, tying the above
 //!   together; `layers::streams` serves the `stream` method (buffered relay,
