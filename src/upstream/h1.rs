@@ -110,15 +110,13 @@ impl H1Client {
         } else {
             &body
         };
-        let mut conn = match self.idle.take(worker, upstream) {
-            Some(mut conn) => match conn.write(&head, rest).await {
-                Ok(()) => conn,
-                Err(_) => {
-                    let mut conn = Conn::open(to, self.connect_timeout).await?;
-                    conn.write(&head, rest).await.map_err(H1Error::Write)?;
-                    conn
-                }
-            },
+        // A failed write on a reused connection: the Partner closed it while it was idle.
+        let reused = match self.idle.take(worker, upstream) {
+            Some(mut conn) => conn.write(&head, rest).await.is_ok().then_some(conn),
+            None => None,
+        };
+        let mut conn = match reused {
+            Some(conn) => conn,
             None => {
                 let mut conn = Conn::open(to, self.connect_timeout).await?;
                 conn.write(&head, rest).await.map_err(H1Error::Write)?;

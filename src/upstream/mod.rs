@@ -15,8 +15,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, Uri};
-use http_body::{Body, Frame, SizeHint};
-use http_body_util::Full;
+use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -25,7 +24,6 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::pki_types::ServerName;
 
 use crate::answer::{vet, AnswerBody, AnswerLimits};
-use crate::body::BoxError;
 use crate::config::{PartnerConfig, UpstreamConfig};
 use crate::error::GatewayError;
 use crate::tls::client::{partner_client_config, PartnerAicMismatch};
@@ -66,52 +64,18 @@ impl Future for Pending {
             Pending::H1(f) => f
                 .as_mut()
                 .poll(cx)
-                .map_ok(|r| r.map(PartnerBody::H1))
+                .map_ok(|r| r.map(Either::Left))
                 .map_err(SendError::H1),
             Pending::H2(f) => Pin::new(f)
                 .poll(cx)
-                .map_ok(|r| r.map(PartnerBody::H2))
+                .map_ok(|r| r.map(Either::Right))
                 .map_err(SendError::H2),
         }
     }
 }
 
 /// A Partner's response body, from either client.
-pub(crate) enum PartnerBody {
-    /// From an HTTP/1.1 Partner.
-    H1(H1Body),
-    /// From an HTTP/2 Partner.
-    H2(Incoming),
-}
-
-impl Body for PartnerBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            PartnerBody::H1(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-            PartnerBody::H2(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            PartnerBody::H1(b) => b.is_end_stream(),
-            PartnerBody::H2(b) => b.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            PartnerBody::H1(b) => b.size_hint(),
-            PartnerBody::H2(b) => b.size_hint(),
-        }
-    }
-}
+pub(crate) type PartnerBody = Either<H1Body, Incoming>;
 
 enum Clients {
     /// The gateway's own HTTP/1.1 client (its idle connections per worker thread).
@@ -142,10 +106,7 @@ impl UpstreamPool {
     ) -> anyhow::Result<UpstreamPool> {
         let mut tls = match &p.tls {
             Some(t) => partner_client_config(t, p.aic, aic_suffix)?,
-            None => rustls::ClientConfig::builder_with_provider(crate::tls::server::provider())
-                .with_protocol_versions(&[&rustls::version::TLS13])?
-                .with_root_certificates(rustls::RootCertStore::empty())
-                .with_no_client_auth(),
+            None => plain_client_config()?,
         };
         let server_name = p.tls.as_ref().and_then(|t| t.server_name.clone());
         let clients = if p.http2 {
@@ -281,6 +242,17 @@ impl UpstreamPool {
             GatewayError::UpstreamProtocol { partner, detail }
         }
     }
+}
+
+/// The TLS settings of a Partner without `[partner.tls]` (its upstreams are `http://`;
+/// an `https://` one fails its handshake: no roots are trusted).
+fn plain_client_config() -> anyhow::Result<rustls::ClientConfig> {
+    Ok(
+        rustls::ClientConfig::builder_with_provider(crate::tls::server::provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])?
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth(),
+    )
 }
 
 /// hyper's HTTP/2 clients for an `http2 = true` Partner, one per worker thread: one

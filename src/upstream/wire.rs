@@ -63,7 +63,7 @@ pub(crate) fn encode_head(
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"content-length: ");
-    out.extend_from_slice(itoa_buf(content_length).as_bytes());
+    out.extend_from_slice(itoa::Buffer::new().format(content_length).as_bytes());
     out.extend_from_slice(b"\r\n\r\n");
 }
 
@@ -484,33 +484,6 @@ fn hex(b: u8) -> Option<u8> {
         b'a'..=b'f' => Some(b - b'a' + 10),
         b'A'..=b'F' => Some(b - b'A' + 10),
         _ => None,
-    }
-}
-
-/// A `usize` in decimal, without allocating.
-struct Digits {
-    buf: [u8; 20],
-    start: usize,
-}
-
-impl Digits {
-    fn as_bytes(&self) -> &[u8] {
-        &self.buf[self.start..]
-    }
-}
-
-fn itoa_buf(mut n: usize) -> Digits {
-    let mut d = Digits {
-        buf: [0; 20],
-        start: 20,
-    };
-    loop {
-        d.start -= 1;
-        d.buf[d.start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return d;
-        }
     }
 }
 

@@ -85,14 +85,14 @@ async fn partner(replies: Vec<Reply>) -> Partner {
 }
 
 fn client(p: &Partner, max_idle: usize, idle_timeout: Duration) -> Arc<H1Client> {
-    let tls = rustls::ClientConfig::builder_with_provider(crate::tls::server::provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_root_certificates(rustls::RootCertStore::empty())
-        .with_no_client_auth();
-    let endpoint = Endpoint::new(&p.uri, &Arc::new(tls), None).unwrap();
+    client_to(&p.uri, max_idle, idle_timeout)
+}
+
+fn client_to(uri: &Uri, max_idle: usize, idle_timeout: Duration) -> Arc<H1Client> {
+    let tls = Arc::new(crate::upstream::plain_client_config().unwrap());
+    let endpoint = Endpoint::new(uri, &tls, None).unwrap();
     Arc::new(H1Client::new(
-        vec![(p.uri.clone(), endpoint)],
+        vec![(uri.clone(), endpoint)],
         Idle::new(1, 1, max_idle, idle_timeout),
         Duration::from_secs(2),
         8192,
@@ -236,15 +236,11 @@ async fn a_body_cut_by_a_close_is_an_unexpected_eof() {
     };
     assert_eq!(io.kind(), io::ErrorKind::UnexpectedEof);
     assert_eq!(
-        crate::relay_body::RelayError::from_upstream(&PartnerBodyError(err)),
+        // As the relay gets it: boxed by the body it reads.
+        crate::relay_body::RelayError::from_upstream(&*crate::body::BoxError::from(err)),
         crate::relay_body::RelayError::ClosedEarly
     );
 }
-
-/// The relay reads body errors through their sources, as it gets them boxed.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct PartnerBodyError(#[source] BodyError);
 
 #[tokio::test]
 async fn failures_before_the_head_are_told_apart() {
@@ -270,19 +266,11 @@ async fn failures_before_the_head_are_told_apart() {
         "an empty body's connection is kept at once"
     );
 
-    let closed = Uri::from_static("http://127.0.0.1:1/");
-    let tls = rustls::ClientConfig::builder_with_provider(crate::tls::server::provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_root_certificates(rustls::RootCertStore::empty())
-        .with_no_client_auth();
-    let endpoint = Endpoint::new(&closed, &Arc::new(tls), None).unwrap();
-    let c = Arc::new(H1Client::new(
-        vec![(closed.clone(), endpoint)],
-        Idle::new(1, 1, 8, Duration::from_secs(60)),
-        Duration::from_secs(2),
-        8192,
-    ));
+    let c = client_to(
+        &Uri::from_static("http://127.0.0.1:1/"),
+        8,
+        Duration::from_secs(60),
+    );
     let req = Request::post("http://127.0.0.1:1/rpc")
         .body(Full::new(Bytes::new()))
         .unwrap();
