@@ -5,6 +5,7 @@
 //! against short lists and allocates nothing. Every refusal is `-32009` with a reason,
 //! except a blocked AIC, whose credential counts as revoked (`-32010`).
 
+mod owner_ids;
 pub(crate) mod pattern;
 pub(crate) mod tasks;
 

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::owner_ids::OwnerIds;
 use crate::identity::Aic;
 
 /// How a claim went.
@@ -130,15 +131,18 @@ impl Names {
     }
 }
 
+/// 56 bytes (issue 13: the store outlives the streams around it): the owner is an id into
+/// [`OwnerIds`] and the deadline nanoseconds from the store's epoch.
 struct Entry {
     names: Names,
-    owner: Aic,
-    expires: Instant,
+    owner: u32,
+    /// Used since it was (re)queued: gets a second chance instead of being evicted.
+    used: bool,
+    /// When it is forgotten, in nanoseconds since [`Inner::epoch`].
+    expires: u64,
     /// The stamp of this entry's place in the order queue; other `(hash, stamp)` pairs
     /// for the same hash are stale.
     stamp: u64,
-    /// Used since it was (re)queued: gets a second chance instead of being evicted.
-    used: bool,
 }
 
 /// The map's keys are already (ahash) hashes of (Partner, taskId): hash them no further.
@@ -159,13 +163,16 @@ impl Hasher for Prehashed {
     }
 }
 
-#[derive(Default)]
 struct Inner {
     map: HashMap<u64, Entry, BuildHasherDefault<Prehashed>>,
+    /// The owners the entries name; every entry in `map` holds its owner's id once.
+    owners: OwnerIds,
     /// Queue order, oldest first: (hash, stamp); a pair whose stamp is no longer the
     /// entry's is stale and skipped (compacted when stale pairs outnumber live ones).
     order: VecDeque<(u64, u64)>,
     next_stamp: u64,
+    /// What `Entry::expires` counts from.
+    epoch: Instant,
 }
 
 /// The in-memory store: one map under one lock, so eviction order holds across the whole
@@ -184,7 +191,13 @@ impl MemoryTaskOwners {
     /// A store of at most `max_entries` tasks, each kept `ttl` after its last use.
     pub fn new(max_entries: usize, ttl: Duration) -> MemoryTaskOwners {
         MemoryTaskOwners {
-            inner: Mutex::default(),
+            inner: Mutex::new(Inner {
+                map: HashMap::default(),
+                owners: OwnerIds::default(),
+                order: VecDeque::new(),
+                next_stamp: 0,
+                epoch: Instant::now(),
+            }),
             hasher: ahash::RandomState::new(),
             max_entries: max_entries.max(1),
             ttl,
@@ -198,14 +211,31 @@ impl MemoryTaskOwners {
 }
 
 impl Inner {
+    /// `t` as the entries count time.
+    fn nanos(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// The deadline `ttl` from `now`.
+    fn deadline(&self, now: u64, ttl: Duration) -> u64 {
+        now.saturating_add(u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    /// Forgets the entry at `h`, and its hold on its owner.
+    fn remove(&mut self, h: u64) {
+        if let Some(e) = self.map.remove(&h) {
+            self.owners.release(e.owner);
+        }
+    }
+
     /// The live entry for (hash, partner, task); an expired one is removed.
-    fn live(&mut self, h: u64, partner: &str, task: &str, now: Instant) -> Option<&mut Entry> {
+    fn live(&mut self, h: u64, partner: &str, task: &str, now: u64) -> Option<&mut Entry> {
         let expired = match self.map.get(&h) {
             Some(e) if e.names.is(partner, task) => e.expires <= now,
             _ => return None,
         };
         if expired {
-            self.map.remove(&h);
+            self.remove(h);
             return None;
         }
         self.map.get_mut(&h)
@@ -231,7 +261,7 @@ impl Inner {
 
     /// Drops expired entries at the old end, then the oldest unused ones until there is
     /// room for one more (a used one is queued again, once).
-    fn make_room(&mut self, cap: usize, now: Instant) {
+    fn make_room(&mut self, cap: usize, now: u64) {
         if self.order.len() > 2 * self.map.len() + 16 {
             self.drop_stale_order();
         }
@@ -242,7 +272,7 @@ impl Inner {
                 continue;
             };
             if e.expires <= now {
-                self.map.remove(&h);
+                self.remove(h);
                 self.order.pop_front();
             } else if !full {
                 break;
@@ -250,7 +280,7 @@ impl Inner {
                 self.order.pop_front();
                 self.enqueue(h);
             } else {
-                self.map.remove(&h);
+                self.remove(h);
                 self.order.pop_front();
             }
         }
@@ -265,26 +295,32 @@ impl TaskOwners for MemoryTaskOwners {
         aic: &Aic,
         session: Option<&str>,
     ) -> Result<Claimed, Aic> {
-        let now = Instant::now();
-        let (mut inner, h) = self.locate(partner, task);
+        let (mut guard, h) = self.locate(partner, task);
+        let inner = &mut *guard;
+        let now = inner.nanos(Instant::now());
+        let expires = inner.deadline(now, self.ttl);
         if let Some(e) = inner.live(h, partner, task, now) {
-            if e.owner != *aic {
-                return Err(e.owner);
+            let owner = e.owner;
+            if inner.owners.get(owner) != aic {
+                return Err(*inner.owners.get(owner));
             }
-            e.expires = now + self.ttl;
+            let e = inner.map.get_mut(&h).expect("live above");
+            e.expires = expires;
             e.used = true;
             return Ok(Claimed::Held);
         }
         inner.make_room(self.max_entries, now);
         // A hash collision with another task replaces that entry (astronomically rare).
+        inner.remove(h);
+        let owner = inner.owners.acquire(aic);
         inner.map.insert(
             h,
             Entry {
                 names: Names::new(partner, task, session),
-                owner: *aic,
-                expires: now + self.ttl,
-                stamp: 0,
+                owner,
                 used: false,
+                expires,
+                stamp: 0,
             },
         );
         inner.enqueue(h);
@@ -292,42 +328,52 @@ impl TaskOwners for MemoryTaskOwners {
     }
 
     fn release(&self, partner: &str, task: &str, aic: &Aic) {
-        let now = Instant::now();
-        let (mut inner, h) = self.locate(partner, task);
-        if inner
-            .live(h, partner, task, now)
-            .is_some_and(|e| e.owner == *aic)
-        {
-            inner.map.remove(&h);
+        let (mut guard, h) = self.locate(partner, task);
+        let inner = &mut *guard;
+        let now = inner.nanos(Instant::now());
+        let Some(owner) = inner.live(h, partner, task, now).map(|e| e.owner) else {
+            return;
+        };
+        if inner.owners.get(owner) == aic {
+            inner.remove(h);
         }
     }
 
     fn owner(&self, partner: &str, task: &str) -> Option<Aic> {
-        let now = Instant::now();
-        let (mut inner, h) = self.locate(partner, task);
-        let ttl = self.ttl;
-        inner.live(h, partner, task, now).map(|e| {
-            e.expires = now + ttl;
-            e.used = true;
-            e.owner
-        })
+        let (mut guard, h) = self.locate(partner, task);
+        let inner = &mut *guard;
+        let now = inner.nanos(Instant::now());
+        let expires = inner.deadline(now, self.ttl);
+        let e = inner.live(h, partner, task, now)?;
+        e.expires = expires;
+        e.used = true;
+        let owner = e.owner;
+        Some(*inner.owners.get(owner))
     }
 
     fn sweep(&self) {
-        let now = Instant::now();
         let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let inner = &mut *guard;
-        inner.map.retain(|_, e| e.expires > now);
+        let now = inner.nanos(Instant::now());
+        let owners = &mut inner.owners;
+        inner.map.retain(|_, e| {
+            let keep = e.expires > now;
+            if !keep {
+                owners.release(e.owner);
+            }
+            keep
+        });
         inner.drop_stale_order();
         if inner.map.capacity() > 4 * inner.map.len().max(16) {
             inner.map.shrink_to_fit();
             inner.order.shrink_to_fit();
         }
+        inner.owners.shrink();
     }
 
     fn entries(&self) -> Vec<OwnerEntry> {
-        let now = Instant::now();
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let now = inner.nanos(Instant::now());
         inner
             .map
             .values()
@@ -335,8 +381,8 @@ impl TaskOwners for MemoryTaskOwners {
             .map(|e| OwnerEntry {
                 partner: e.names.partner().to_owned(),
                 task: e.names.task().to_owned(),
-                owner: e.owner,
-                left: e.expires - now,
+                owner: *inner.owners.get(e.owner),
+                left: Duration::from_nanos(e.expires - now),
             })
             .collect()
     }
@@ -483,6 +529,51 @@ mod tests {
         assert_eq!(none.session(), None);
         assert_eq!(Names::new("p", "t", Some("")).session(), Some(""));
         assert_eq!(Names::new("", "", None).task(), "");
+    }
+
+    /// Issue 13: an entry is 56 bytes (it was 112 with its owner and deadline inline).
+    #[test]
+    fn an_entry_is_small() {
+        assert!(
+            std::mem::size_of::<Entry>() <= 56,
+            "{}",
+            std::mem::size_of::<Entry>()
+        );
+    }
+
+    /// The owner table holds exactly the owners of live entries, whichever way an entry
+    /// goes (release, expiry at a lookup or at the sweep, eviction, a task claimed anew).
+    #[tokio::test(start_paused = true)]
+    async fn owners_go_with_their_last_entry() {
+        let owners_held = |s: &MemoryTaskOwners| s.inner.lock().unwrap().owners.len();
+        let aics: Vec<Aic> = (0..6u32)
+            .map(|i| Aic::with_check_code(&format!("10001000011K9{i:017}")).unwrap())
+            .collect();
+        let store = MemoryTaskOwners::new(4, Duration::from_secs(60));
+        store.claim("p", "r", &aics[0], None).unwrap();
+        store.release("p", "r", &aics[0]);
+        assert_eq!(owners_held(&store), 0, "released");
+        store.claim("p", "a", &aics[1], None).unwrap();
+        store.claim("p", "b", &aics[1], None).unwrap();
+        store.claim("p", "c", &aics[2], None).unwrap();
+        assert_eq!(owners_held(&store), 2);
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert_eq!(store.owner("p", "a"), None);
+        assert_eq!(owners_held(&store), 2, "b still names the first owner");
+        store.sweep();
+        assert_eq!((store.len(), owners_held(&store)), (0, 0), "swept");
+        for (i, a) in aics.iter().enumerate() {
+            store.claim("p", &format!("t{i}"), a, None).unwrap();
+        }
+        assert_eq!((store.len(), owners_held(&store)), (4, 4), "evicted");
+        tokio::time::advance(Duration::from_secs(61)).await;
+        store.claim("p", "t5", &aics[0], None).unwrap();
+        assert_eq!(
+            (store.len(), owners_held(&store)),
+            (1, 1),
+            "expired at the old end"
+        );
+        assert_eq!(store.owner("p", "t5"), Some(aics[0]));
     }
 
     /// Issue 13: expired owners go at the upkeep's sweep, with no claim or lookup, and
