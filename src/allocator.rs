@@ -17,23 +17,28 @@ pub struct HeapStats {
     pub metadata: u64,
     /// Address space kept for reuse without being resident.
     pub retained: u64,
+    /// Freed memory the threads' caches hold for their next allocations (it keeps the
+    /// pages under it in use until [`flush_thread_cache`] or the thread allocates more).
+    pub thread_caches: u64,
 }
 
 impl HeapStats {
     /// The figures under their metric label.
-    pub(crate) fn labelled(&self) -> [(&'static str, u64); 5] {
+    pub(crate) fn labelled(&self) -> [(&'static str, u64); 6] {
         [
             ("allocated", self.allocated),
             ("active", self.active),
             ("resident", self.resident),
             ("metadata", self.metadata),
             ("retained", self.retained),
+            ("thread_caches", self.thread_caches),
         ]
     }
 }
 
 /// The figures as of now (jemalloc caches them until its epoch advances, done here).
 #[cfg(feature = "jemalloc")]
+#[allow(unsafe_code)] // one `mallctl` read the typed API has no name for
 pub fn stats() -> Option<HeapStats> {
     use tikv_jemalloc_ctl::{epoch, stats};
     epoch::advance().ok()?;
@@ -43,6 +48,12 @@ pub fn stats() -> Option<HeapStats> {
         resident: stats::resident::read().ok()? as u64,
         metadata: stats::metadata::read().ok()? as u64,
         retained: stats::retained::read().ok()? as u64,
+        // All arenas merged (`MALLCTL_ARENAS_ALL`); the typed API has no name for it.
+        // SAFETY: a NUL-terminated name whose value is a `size_t`.
+        thread_caches: unsafe {
+            tikv_jemalloc_ctl::raw::read::<usize>(b"stats.arenas.4096.tcache_bytes\0")
+        }
+        .ok()? as u64,
     };
     // Nothing allocated: jemalloc is linked but another allocator serves the program.
     (s.allocated > 0).then_some(s)
@@ -52,4 +63,36 @@ pub fn stats() -> Option<HeapStats> {
 #[cfg(not(feature = "jemalloc"))]
 pub fn stats() -> Option<HeapStats> {
     None
+}
+
+/// Hands what this thread's allocation cache holds back to the allocator's shared bins.
+///
+/// jemalloc keeps freed small objects in a per-thread cache and trims it only as that
+/// thread allocates again, so a thread that goes quiet after a burst (a worker once its
+/// streams ended, the upkeep after a sweep) keeps its cache, and every cached object keeps
+/// its whole slab in use: measured after 10,000 streams, 1.3 MiB cached held 3 MiB of pages
+/// (issue 13). Called by each worker every `runtime.cache_flush_interval` and by the upkeep
+/// after its sweeps. Cheap (the cache is emptied in batches); nothing in a build without
+/// jemalloc, or where jemalloc is linked but not the allocator. Whether jemalloc did it.
+#[cfg(feature = "jemalloc")]
+#[allow(unsafe_code)] // `mallctl` with no value, which the ctl crate cannot make
+pub fn flush_thread_cache() -> bool {
+    // SAFETY: a NUL-terminated name; `thread.tcache.flush` reads and writes nothing, and
+    // refuses any value pointer, so all four are null.
+    let rc = unsafe {
+        tikv_jemalloc_sys::mallctl(
+            c"thread.tcache.flush".as_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    rc == 0
+}
+
+/// Not a jemalloc build: nothing to flush.
+#[cfg(not(feature = "jemalloc"))]
+pub fn flush_thread_cache() -> bool {
+    false
 }

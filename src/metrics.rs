@@ -368,7 +368,7 @@ impl Metrics {
         );
         r.register(
             "allocator_bytes",
-            "The allocator's figures (jemalloc builds): allocated, active, resident, metadata, retained",
+            "The allocator's figures (jemalloc builds): allocated, active, resident, metadata, retained, thread_caches",
             m.heap.clone(),
         );
         Metrics { registry, ..m }

@@ -2,7 +2,7 @@
 //! drive directly (`test-util` feature, enabled by `dev`). Not an API: nothing here is
 //! promised to stay.
 
-pub use crate::allocator::{stats as heap_stats, HeapStats};
+pub use crate::allocator::{flush_thread_cache, stats as heap_stats, HeapStats};
 pub use crate::answer::{vet, AnswerLimits};
 pub use crate::policy::tasks::{check_task, MemoryTaskOwners, TaskOwners};
 pub use crate::ratelimit::{GovernorLimiter, Limiter};

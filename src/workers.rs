@@ -15,9 +15,10 @@
 
 use std::cell::Cell;
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use tokio::net::TcpStream;
 use tokio::runtime::Handle;
@@ -48,20 +49,40 @@ struct Worker {
     handle: Handle,
     /// Connections on this worker now.
     open: Arc<AtomicUsize>,
+    /// Allocation-cache flushes made on this worker.
+    flushes: Arc<AtomicU64>,
     /// Dropped to stop the worker.
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Workers {
-    /// Starts `n` worker threads (at least one), named `aipgw-worker-<i>`.
-    pub fn start(n: usize) -> std::io::Result<Workers> {
+    /// Starts `n` worker threads (at least one), named `aipgw-worker-<i>`, each flushing
+    /// its allocation cache every `cache_flush` (`runtime.cache_flush_interval`; see
+    /// [`crate::allocator::flush_thread_cache`]).
+    pub fn start(n: usize, cache_flush: Option<Duration>) -> std::io::Result<Workers> {
         let mut workers = Vec::with_capacity(n.max(1));
         for i in 0..n.max(1) {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
             let handle = runtime.handle().clone();
+            let flushes = Arc::new(AtomicU64::new(0));
+            if let Some(every) = cache_flush {
+                // A task of the worker's own runtime, so the cache flushed is this thread's.
+                let flushes = flushes.clone();
+                handle.spawn(async move {
+                    let mut tick = tokio::time::interval(every);
+                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    tick.tick().await;
+                    loop {
+                        tick.tick().await;
+                        if crate::allocator::flush_thread_cache() {
+                            flushes.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
             let (stop, stopped) = oneshot::channel::<()>();
             let thread = std::thread::Builder::new()
                 .name(format!("aipgw-worker-{i}"))
@@ -75,6 +96,7 @@ impl Workers {
             workers.push(Worker {
                 handle,
                 open: Arc::new(AtomicUsize::new(0)),
+                flushes,
                 stop: Some(stop),
                 thread: Some(thread),
             });
@@ -97,6 +119,15 @@ impl Workers {
         self.workers
             .iter()
             .map(|w| w.open.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Allocation-cache flushes made so far, per worker in worker order (each counts only
+    /// flushes the allocator did: none in a build without jemalloc).
+    pub fn cache_flushes(&self) -> Vec<u64> {
+        self.workers
+            .iter()
+            .map(|w| w.flushes.load(Ordering::Relaxed))
             .collect()
     }
 
@@ -161,7 +192,7 @@ mod tests {
         let (done, finished) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for _ in 0..20 {
-                drop(Workers::start(4).unwrap());
+                drop(Workers::start(4, None).unwrap());
             }
             let _ = done.send(());
         });
@@ -173,9 +204,31 @@ mod tests {
         );
     }
 
+    /// Issue 13: each worker flushes its own allocation cache on its timer (a task of its
+    /// runtime), whether or not it has work; none without the setting.
+    #[test]
+    fn each_worker_flushes_its_cache_on_its_timer() {
+        let jemalloc = crate::allocator::flush_thread_cache();
+        let workers = Workers::start(2, Some(Duration::from_millis(5))).unwrap();
+        let quiet = Workers::start(2, None).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while workers.cache_flushes().iter().any(|&n| n < 3) && jemalloc {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "flushes so far: {:?}",
+                workers.cache_flushes()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if !jemalloc {
+            assert_eq!(workers.cache_flushes(), [0, 0], "nothing to flush");
+        }
+        assert_eq!(quiet.cache_flushes(), [0, 0]);
+    }
+
     #[test]
     fn connections_go_to_the_least_loaded_worker_and_run_there() {
-        let workers = Workers::start(2).unwrap();
+        let workers = Workers::start(2, None).unwrap();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

@@ -28,3 +28,25 @@ fn allocated_follows_what_is_held_and_freed() {
         "freed: {during:?} -> {after:?}"
     );
 }
+
+/// Issue 13: what a thread freed stays in its allocation cache (keeping its pages in use)
+/// until the thread allocates again or flushes it; `flush_thread_cache` hands it back, and
+/// `thread_caches` shows both.
+#[test]
+fn a_flushed_thread_cache_gives_back_what_it_held() {
+    use aipgw::test_util::flush_thread_cache;
+    std::thread::spawn(|| {
+        // Many small objects of several sizes, freed: the thread's cache keeps some of each.
+        let held: Vec<Vec<u8>> = (0..20_000).map(|i| vec![1u8; 16 + (i % 64) * 32]).collect();
+        drop(held);
+        let cached = heap_stats().expect("statistics").thread_caches;
+        assert!(flush_thread_cache(), "jemalloc flushed the cache");
+        let flushed = heap_stats().expect("statistics").thread_caches;
+        assert!(
+            flushed + 64 * 1024 <= cached,
+            "cached {cached} B, after the flush {flushed} B"
+        );
+    })
+    .join()
+    .unwrap();
+}

@@ -134,6 +134,7 @@ async fn dispatch(command: Command, config: Option<Config>) -> Result<(), Failur
             let cfg = config.ok_or_else(|| usage(anyhow::anyhow!("no config")))?;
             let (bind, admin_bind) = (cfg.listener.bind, cfg.admin_bind);
             let (cfg_scheduler, worker_count) = (cfg.scheduler, cfg.workers());
+            let cache_flush = cfg.cache_flush_interval;
             let reload = cfg
                 .source
                 .clone()
@@ -150,7 +151,7 @@ async fn dispatch(command: Command, config: Option<Config>) -> Result<(), Failur
             });
             let workers = match cfg_scheduler {
                 crate::config::raw::Scheduler::PerCore => Some(std::sync::Arc::new(
-                    crate::workers::Workers::start(worker_count)
+                    crate::workers::Workers::start(worker_count, cache_flush)
                         .map_err(|e| failed(anyhow::anyhow!("cannot start the workers: {e}")))?,
                 )),
                 crate::config::raw::Scheduler::Shared => None,

@@ -63,6 +63,9 @@ pub struct Config {
     pub worker_threads: usize,
     /// How connections are spread over them; read at start only.
     pub scheduler: raw::Scheduler,
+    /// How often each per-core worker flushes its allocation cache (`None`: never); read
+    /// at start only.
+    pub cache_flush_interval: Option<Duration>,
     /// Watch files for hot reload.
     pub reload_watch: bool,
     /// Reload debounce.
@@ -299,6 +302,7 @@ impl Config {
             log_format: raw.log.format,
             worker_threads: raw.runtime.worker_threads,
             scheduler: raw.runtime.scheduler,
+            cache_flush_interval: Some(raw.runtime.cache_flush_interval).filter(|d| !d.is_zero()),
             policy: crate::policy::GlobalPolicy::try_from(&raw.policy)?,
             tasks: TaskPolicy::try_from(&raw.policy.tasks)?,
             ratelimit,

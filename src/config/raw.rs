@@ -233,7 +233,7 @@ fn default_sync_batch() -> usize {
 }
 
 /// `[runtime]`: read once at start (a reload does not change it).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRuntime {
     /// Worker threads serving connections; `0` (the default) means one per CPU the
@@ -243,6 +243,20 @@ pub struct RawRuntime {
     /// How connections are spread over the worker threads.
     #[serde(default)]
     pub scheduler: Scheduler,
+    /// Each per-core worker hands its allocation cache back this often, so memory freed
+    /// after a burst can be returned while the worker is quiet; `0s` never.
+    #[serde(default = "d10s", with = "humantime_serde")]
+    pub cache_flush_interval: Duration,
+}
+
+impl Default for RawRuntime {
+    fn default() -> Self {
+        RawRuntime {
+            worker_threads: 0,
+            scheduler: Scheduler::default(),
+            cache_flush_interval: d10s(),
+        }
+    }
 }
 
 /// `runtime.scheduler`

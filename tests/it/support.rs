@@ -159,7 +159,7 @@ async fn serve(gateway: Arc<Gateway>) -> TestGateway {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     // Served as the binary serves by default: each connection on one of two per-core
     // workers (`aipgw::workers`), off the test's own runtime.
-    let workers = Arc::new(aipgw::workers::Workers::start(2).unwrap());
+    let workers = Arc::new(aipgw::workers::Workers::start(2, None).unwrap());
     let server = tokio::spawn(aipgw::server::run_on(
         listener,
         gateway.clone(),
