@@ -14,6 +14,7 @@ mod layout;
 mod ops;
 mod policy;
 mod reload;
+mod sdk;
 mod streams;
 mod support;
 mod timeouts;

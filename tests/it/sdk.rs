@@ -1,0 +1,212 @@
+//! The protocol's reference SDK (`acps-sdk` from the Python package index, AIP v2 only)
+//! as the Leader, through the gateway to the demo Partner, with the committed development
+//! certificates: what its `AipRpcClient` sends must pass and its answers must parse, and
+//! the gateway's refusals must reach it as JSON-RPC errors.
+//!
+//! The SDK is installed at test time into a virtual environment under the target
+//! directory (once; later runs reuse it). Without python3, its `venv` module or the
+//! package index the test is skipped, except under `CI=true`, where it fails (`.ci/run`
+//! installs python3 and its `venv` module).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use aipgw::config::Config;
+use aipgw::demo::{partner, DemoOptions, DemoPartner};
+use aipgw::error::ErrorStatus;
+use aipgw::Gateway;
+use tokio::net::TcpListener;
+
+use crate::support::*;
+
+/// The SDK version the test pins.
+const SDK: &str = "acps-sdk==2.1.0";
+
+/// The Leader script: one line of JSON per step, an exception's text when one is raised.
+const SCRIPT: &str = r#"
+import asyncio, json, os, ssl, sys
+from acps_sdk.aip.aip_rpc_client import AipRpcClient
+
+def context(name):
+    ctx = ssl.create_default_context(cafile=os.path.join(os.environ["CERTS"], "ca.pem"))
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    ctx.load_cert_chain(os.path.join(os.environ["CERTS"], name + ".pem"),
+                        os.path.join(os.environ["CERTS"], name + ".key"))
+    return ctx
+
+async def step(name, call):
+    try:
+        r = await call
+        out = {"step": name, "state": r.status.state.value, "task": r.taskId,
+               "sender": r.senderRole, "text": json.dumps(r.model_dump(mode="json"))}
+    except Exception as e:
+        out = {"step": name, "error": str(e)}
+    print(json.dumps(out), flush=True)
+
+async def main():
+    for gw in ("default", "ok"):
+        url = os.environ["URL_" + gw.upper()]
+        owner = AipRpcClient(url, os.environ["OWNER_AIC"], context("leader-v2"))
+        other = AipRpcClient(url, os.environ["OTHER_AIC"], context("leader-v1"))
+        liar = AipRpcClient(url, os.environ["OTHER_AIC"], context("leader-v2"))
+        task = "sdk-task-" + gw
+        await step(gw + "/start", owner.start_task("sdk-session", "hello from the SDK", task))
+        await step(gw + "/other_cancels", other.cancel_task(task, "sdk-session"))
+        await step(gw + "/wrong_sender", liar.start_task("sdk-session", "not me", task + "-2"))
+        await step(gw + "/complete", owner.complete_task(task, "sdk-session"))
+        for c in (owner, other, liar):
+            await c.http_client.aclose()
+
+asyncio.run(main())
+"#;
+
+/// A python with the SDK, or `None` (skipped) when it cannot be had outside CI.
+fn sdk_python() -> Option<PathBuf> {
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("acps-sdk-venv");
+    let python = venv.join("bin/python3");
+    let ready = |python: &Path| {
+        Command::new(python)
+            .args(["-c", "import acps_sdk.aip.aip_rpc_client"])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if ready(&python) {
+        return Some(python);
+    }
+    let made = Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(&venv)
+        .status()
+        .is_ok_and(|s| s.success())
+        && Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                SDK,
+            ])
+            .status()
+            .is_ok_and(|s| s.success());
+    if made && ready(&python) {
+        return Some(python);
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "cannot install {SDK} into {} (CI=true: .ci/run installs python3 and its venv module)",
+        venv.display()
+    );
+    eprintln!("{SDK} could not be installed: test skipped");
+    None
+}
+
+#[tokio::test]
+async fn the_reference_sdk_leads_through_the_gateway() {
+    let Some(python) = tokio::task::spawn_blocking(sdk_python).await.unwrap() else {
+        return;
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let partner_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let paddr = partner_listener.local_addr().unwrap();
+    tokio::spawn(partner::serve(
+        partner_listener,
+        DemoPartner::new(DemoOptions {
+            event_interval: std::time::Duration::ZERO,
+            ..DemoOptions::default()
+        }),
+        std::future::pending(),
+    ));
+    // The demo's gateway as it is (refusals with their HTTP status: 403 for -32009) and
+    // with `listener.error_status = "ok"` (every refusal whose status means nothing more
+    // as HTTP 200), which the SDK reads as a JSON-RPC error.
+    let mut urls = Vec::new();
+    for mode in [ErrorStatus::Mapped, ErrorStatus::Ok] {
+        let mut config = Config::load(&root.join("config/aipgw.toml")).unwrap();
+        config.partners[0].upstreams = vec![format!("http://{paddr}").parse().unwrap()];
+        config.listener.error_status = mode;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(aipgw::server::run(
+            listener,
+            Gateway::new(config).unwrap(),
+            std::future::pending(),
+        ));
+        urls.push(format!("https://localhost:{port}/partners/demo/rpc"));
+    }
+
+    let mut script = Command::new(&python);
+    script
+        .args(["-c", SCRIPT])
+        .env("URL_DEFAULT", &urls[0])
+        .env("URL_OK", &urls[1])
+        .env("CERTS", root.join("certs"))
+        .env("OWNER_AIC", LEADER_B)
+        .env("OTHER_AIC", LEADER_A);
+    // Each of the SDK's requests has its own 30 s timeout.
+    let run = tokio::task::spawn_blocking(move || script.output());
+    let out = within(150, run).await.unwrap().expect("the SDK script ran");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let steps: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let step = |name: &str| {
+        steps
+            .iter()
+            .find(|s| s["step"] == name)
+            .unwrap_or_else(|| panic!("no step {name}: {stdout}"))
+    };
+
+    for gw in ["default", "ok"] {
+        // Its start passes the gateway's checks and the demo Partner's TaskResult parses
+        // in the SDK's own models.
+        let start = step(&format!("{gw}/start"));
+        assert_eq!(
+            (&start["state"], &start["task"], &start["sender"]),
+            (
+                &serde_json::json!("awaiting-completion"),
+                &serde_json::json!(format!("sdk-task-{gw}")),
+                &serde_json::json!("partner")
+            ),
+            "{start}"
+        );
+        let error = |name: &str| {
+            step(&format!("{gw}/{name}"))["error"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned()
+        };
+        // Another Leader may not cancel the task, and a senderId other than the
+        // certificate's AIC is refused. The SDK raises on any status but 2xx before it
+        // reads the body, so by default it reports the HTTP status with the gateway's
+        // JSON-RPC error; under `error_status = "ok"` it reads the error itself.
+        let (other, liar) = (error("other_cancels"), error("wrong_sender"));
+        if gw == "default" {
+            assert!(
+                other.starts_with("HTTP Error: 403 - ")
+                    && other.contains("\"code\":-32009")
+                    && other.contains("not_task_owner"),
+                "{other}"
+            );
+            assert!(
+                liar.starts_with("HTTP Error: 403 - ") && liar.contains("sender_mismatch"),
+                "{liar}"
+            );
+        } else {
+            assert_eq!(other, "RPC Error: -32009 - Authorization failed");
+            assert_eq!(liar, "RPC Error: -32009 - Authorization failed");
+        }
+        // The owner completes it.
+        assert_eq!(
+            step(&format!("{gw}/complete"))["state"],
+            "completed",
+            "{stdout}"
+        );
+    }
+}
