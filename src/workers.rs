@@ -72,9 +72,9 @@ impl Workers {
                 // A task of the worker's own runtime, so the cache flushed is this thread's.
                 let flushes = flushes.clone();
                 handle.spawn(async move {
-                    let mut tick = tokio::time::interval(every);
+                    let first = tokio::time::Instant::now() + every;
+                    let mut tick = tokio::time::interval_at(first, every);
                     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                    tick.tick().await;
                     loop {
                         tick.tick().await;
                         if crate::allocator::flush_thread_cache() {

@@ -71,7 +71,11 @@ impl Idle {
 
     /// Drops expired connections and those the Partner closed; returns how many are kept.
     pub(crate) fn sweep(&self) -> usize {
-        let now = Instant::now();
+        self.sweep_at(Instant::now())
+    }
+
+    /// [`Idle::sweep`] as of `now` (tests pass a later time instead of waiting for it).
+    pub(super) fn sweep_at(&self, now: Instant) -> usize {
         let mut kept = 0;
         for set in self.sets.iter() {
             let mut set = set.lock().unwrap_or_else(|p| p.into_inner());

@@ -1,6 +1,7 @@
 //! The README's demo: the committed config and development certificates, the demo
 //! Partner behind the gateway (on free ports instead of the demo's fixed ones).
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -40,13 +41,10 @@ fn dev_leader(name: &str, h2: bool) -> Leader {
     }
 }
 
-#[tokio::test]
-async fn demo_config_and_dev_certificates_work_end_to_end() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/aipgw.toml");
-    let mut config = Config::load(&path).expect("config/aipgw.toml must load");
+/// The demo Partner (no pause between its events) on a free port.
+pub(crate) async fn demo_partner() -> SocketAddr {
     let partner_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let paddr = partner_listener.local_addr().unwrap();
-    config.partners[0].upstreams = vec![format!("http://{paddr}").parse().unwrap()];
     tokio::spawn(partner::serve(
         partner_listener,
         DemoPartner::new(DemoOptions {
@@ -55,6 +53,19 @@ async fn demo_config_and_dev_certificates_work_end_to_end() {
         }),
         std::future::pending(),
     ));
+    paddr
+}
+
+/// A gateway on a free port with the committed demo config (changed by `configure`), its
+/// Partner at `partner`.
+pub(crate) async fn demo_gateway(
+    partner: SocketAddr,
+    configure: impl FnOnce(&mut Config),
+) -> SocketAddr {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/aipgw.toml");
+    let mut config = Config::load(&path).expect("config/aipgw.toml must load");
+    config.partners[0].upstreams = vec![format!("http://{partner}").parse().unwrap()];
+    configure(&mut config);
     let gateway = Gateway::new(config).expect("dev certificates must load");
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -63,6 +74,12 @@ async fn demo_config_and_dev_certificates_work_end_to_end() {
         gateway,
         std::future::pending(),
     ));
+    addr
+}
+
+#[tokio::test]
+async fn demo_config_and_dev_certificates_work_end_to_end() {
+    let addr = demo_gateway(demo_partner().await, |_| {}).await;
 
     let v1 = dev_leader("leader-v1", false);
     let r = v1

@@ -11,12 +11,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use aipgw::config::Config;
-use aipgw::demo::{partner, DemoOptions, DemoPartner};
 use aipgw::error::ErrorStatus;
-use aipgw::Gateway;
-use tokio::net::TcpListener;
 
+use crate::demo::{demo_gateway, demo_partner};
 use crate::support::*;
 
 /// The SDK version the test pins.
@@ -107,32 +104,17 @@ async fn the_reference_sdk_leads_through_the_gateway() {
         return;
     };
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let partner_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let paddr = partner_listener.local_addr().unwrap();
-    tokio::spawn(partner::serve(
-        partner_listener,
-        DemoPartner::new(DemoOptions {
-            event_interval: std::time::Duration::ZERO,
-            ..DemoOptions::default()
-        }),
-        std::future::pending(),
-    ));
+    let partner = demo_partner().await;
     // The demo's gateway as it is (refusals with their HTTP status: 403 for -32009) and
     // with `listener.error_status = "ok"` (every refusal whose status means nothing more
     // as HTTP 200), which the SDK reads as a JSON-RPC error.
     let mut urls = Vec::new();
     for mode in [ErrorStatus::Mapped, ErrorStatus::Ok] {
-        let mut config = Config::load(&root.join("config/aipgw.toml")).unwrap();
-        config.partners[0].upstreams = vec![format!("http://{paddr}").parse().unwrap()];
-        config.listener.error_status = mode;
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        tokio::spawn(aipgw::server::run(
-            listener,
-            Gateway::new(config).unwrap(),
-            std::future::pending(),
+        let addr = demo_gateway(partner, |c| c.listener.error_status = mode).await;
+        urls.push(format!(
+            "https://localhost:{}/partners/demo/rpc",
+            addr.port()
         ));
-        urls.push(format!("https://localhost:{port}/partners/demo/rpc"));
     }
 
     let mut script = Command::new(&python);

@@ -294,8 +294,10 @@ async fn idle_connections_are_bounded_in_number_and_time() {
     let c = client(&p, 2, Duration::from_millis(200));
     assert_eq!(call(&c, &p, "").await.unwrap(), (200, "{}".into()));
     assert_eq!(c.idle().len(), 1);
-    tokio::time::sleep(Duration::from_millis(250)).await;
-    assert_eq!(c.idle().sweep(), 0, "past pool_idle_timeout");
+    let now = tokio::time::Instant::now();
+    let at = |ms| now + Duration::from_millis(ms);
+    assert_eq!(c.idle().sweep_at(at(100)), 1, "within pool_idle_timeout");
+    assert_eq!(c.idle().sweep_at(at(250)), 0, "past pool_idle_timeout");
     assert_eq!(call(&c, &p, "").await.unwrap(), (200, "{}".into()));
     assert_eq!(p.accepted.load(Ordering::SeqCst), 5);
 }
