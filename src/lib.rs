@@ -71,6 +71,8 @@
 //!   allocator).
 //! - [`admin`], `metrics`, `trace`, [`reload`], `inspect`: operations (admin
 //!   listener, Prometheus metrics, trace context, hot reload, `inspect-cert`).
+//! - `timers`: time bounds on the hot path without a timer made per request (one kept
+//!   per connection and moved; a body's bound armed only if it is not already there).
 //! - `hex`: lowercase hex encoding.
 //! - `allocator`: jemalloc's own figures (allocated, resident, metadata) for `/metrics`.
 
@@ -110,6 +112,7 @@ pub mod server;
 pub(crate) mod sse;
 #[cfg(feature = "test-util")]
 pub mod test_util;
+pub(crate) mod timers;
 pub(crate) mod tls;
 pub(crate) mod trace;
 pub(crate) mod upkeep;

@@ -32,6 +32,7 @@ use crate::gateway::Gateway;
 use crate::layers::{self, ConnInfo, Forward};
 use crate::metrics::{KindLabels, ReasonLabels};
 use crate::ratelimit::concurrency::{KeyedCounts, KeyedPermit};
+use crate::timers::HeadTimer;
 use crate::workers::Workers;
 
 /// Runs `f` when dropped.
@@ -265,7 +266,7 @@ async fn serve_connection(
         .await;
     } else {
         let mut b = http1::Builder::new();
-        b.timer(TokioTimer::new())
+        b.timer(HeadTimer::new())
             .header_read_timeout(l.header_read_timeout)
             .keep_alive(true);
         drive(

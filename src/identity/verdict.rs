@@ -129,9 +129,9 @@ impl std::fmt::Debug for ConnIdentity {
 /// Seconds since the Unix epoch, read per request without a system call.
 ///
 /// A verdict needs whole seconds. The wall clock is read once a minute and carried forward
-/// on quanta's recent clock (an atomic that the rate limiter's upkeep thread refreshes
-/// every millisecond, or a TSC read without it), so the drift of the monotonic clock
-/// against the wall clock never builds up past a minute's worth (milliseconds at most).
+/// on quanta's clock (the CPU's time-stamp counter, scaled), so the drift of the monotonic
+/// clock against the wall clock never builds up past a minute's worth (milliseconds at
+/// most).
 pub fn unix_now() -> u64 {
     use std::sync::OnceLock;
     struct Anchor {
@@ -148,7 +148,7 @@ pub fn unix_now() -> u64 {
     }
     static ANCHOR: OnceLock<ArcSwap<Anchor>> = OnceLock::new();
     let cell = ANCHOR.get_or_init(|| ArcSwap::from_pointee(anchor()));
-    let now = quanta::Instant::recent();
+    let now = quanta::Instant::now();
     let a = cell.load();
     let since = now.saturating_duration_since(a.at);
     if since > std::time::Duration::from_secs(60) {

@@ -13,12 +13,12 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::Body;
-use tokio::time::Timeout;
 use tower::{Layer, Service};
 
 use super::exchange::{Exchange, Outcome, Refusal, Reply};
 use crate::body::{read_bounded, BodyError, ReadBounded};
 use crate::error::GatewayError;
+use crate::timers::{bounded, Bounded};
 
 /// See the module documentation.
 #[derive(Clone, Copy, Debug, Default)]
@@ -59,7 +59,7 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         Reading::Read {
-            read: tokio::time::timeout(timeout, read_bounded(body, length, limit)),
+            read: bounded(timeout, read_bounded(body, length, limit)),
             rest: Some((x, inner)),
         }
     }
@@ -72,7 +72,7 @@ pin_project_lite::pin_project! {
     pub enum Reading<B, S: Service<Exchange<Bytes>>> {
         /// The body is arriving.
         Read {
-            #[pin] read: Timeout<ReadBounded<B>>,
+            #[pin] read: Bounded<ReadBounded<B>>,
             rest: Option<(Exchange<()>, S)>,
         },
         /// The next step has the exchange.

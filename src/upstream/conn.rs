@@ -16,8 +16,11 @@ use bytes::BytesMut;
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
+
+use crate::timers::{Deadline, TimedOut};
 
 /// Bytes read from the socket at once (a stack buffer, not kept).
 const READ_CHUNK: usize = 16 * 1024;
@@ -87,17 +90,21 @@ pub(crate) enum Io {
     Tls(Box<TlsStream<TcpStream>>),
 }
 
-/// A connection and the bytes read from it that no response has taken yet.
+/// A connection, the bytes read from it that no response has taken yet, and the timer that
+/// bounds each request it carries (moved to each request's deadline, not made anew).
 pub(crate) struct Conn {
     io: Io,
     pub(crate) buf: BytesMut,
+    deadline: Deadline,
 }
 
 impl Conn {
-    /// Connects (TCP within `connect_timeout`, then the TLS handshake if any).
+    /// Connects (TCP within `connect_timeout`, then the TLS handshake if any), for a
+    /// request due by `deadline`.
     pub(crate) async fn open(
         to: &Endpoint,
         connect_timeout: Duration,
+        deadline: Instant,
     ) -> Result<Conn, ConnectError> {
         let tcp = tokio::time::timeout(
             connect_timeout,
@@ -119,7 +126,13 @@ impl Conn {
         Ok(Conn {
             io,
             buf: BytesMut::new(),
+            deadline: Deadline::new(deadline),
         })
+    }
+
+    /// The request this connection carries next is due by `at`.
+    pub(crate) fn due(&mut self, at: Instant) {
+        self.deadline.set(at);
     }
 
     fn tcp(&self) -> &TcpStream {
@@ -129,15 +142,35 @@ impl Conn {
         }
     }
 
-    /// Writes a request (its head and body) and flushes it.
-    pub(crate) async fn write(&mut self, head: &[u8], body: &[u8]) -> io::Result<()> {
-        match &mut self.io {
-            Io::Plain(s) => write_two(s, head, body).await,
-            Io::Tls(s) => {
-                write_two(&mut **s, head, body).await?;
-                s.flush().await
-            }
+    /// Writes a request (its head and body) and flushes it, by the deadline ([`Self::due`]).
+    pub(crate) async fn write(
+        &mut self,
+        head: &[u8],
+        body: &[u8],
+    ) -> Result<io::Result<()>, TimedOut> {
+        let Conn { io, deadline, .. } = self;
+        deadline
+            .bound(async move {
+                match io {
+                    Io::Plain(s) => write_two(s, head, body).await,
+                    Io::Tls(s) => {
+                        write_two(&mut **s, head, body).await?;
+                        s.flush().await
+                    }
+                }
+            })
+            .await
+    }
+
+    /// [`Self::poll_fill`] by the deadline ([`Self::due`]).
+    pub(crate) fn poll_fill_due(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<io::Result<usize>, TimedOut>> {
+        if let Poll::Ready(r) = self.poll_fill(cx) {
+            return Poll::Ready(Ok(r));
         }
+        self.deadline.poll_passed(cx).map(|()| Err(TimedOut))
     }
 
     /// Reads what the socket has into [`Self::buf`]; `Ok(0)` at its end.

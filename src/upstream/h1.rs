@@ -20,9 +20,12 @@ use http::{Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 
+use tokio::time::Instant;
+
 use super::conn::{Conn, ConnectError, Endpoint};
 use super::idle::Idle;
 use super::wire::{encode_head, parse_head, Decoder, Parsed, Step, Truncated, WireError};
+use crate::timers::TimedOut;
 
 /// Request bodies up to this size are copied behind the head and written at once.
 const JOIN_BODY: usize = 16 * 1024;
@@ -42,6 +45,14 @@ pub(crate) enum H1Error {
     Wire(#[from] WireError),
     #[error("{0} is not one of the Partner's upstreams")]
     NoUpstream(Uri),
+    #[error("the Partner's response head did not arrive in time")]
+    TimedOut,
+}
+
+impl From<TimedOut> for H1Error {
+    fn from(_: TimedOut) -> H1Error {
+        H1Error::TimedOut
+    }
 }
 
 /// One Partner's HTTP/1.1 client: its upstreams and their idle connections.
@@ -77,10 +88,12 @@ impl H1Client {
             .position(|(u, _)| u.scheme() == uri.scheme() && u.authority() == uri.authority())
     }
 
-    /// Sends a request, yielding the response once its head is read.
+    /// Sends a request, yielding the response once its head is read, all by `deadline`
+    /// (the connection's own timer, moved to it; a new connection's connect too).
     pub(crate) async fn send(
         self: Arc<Self>,
         req: Request<Full<Bytes>>,
+        deadline: Instant,
     ) -> Result<Response<H1Body>, H1Error> {
         let (parts, mut body) = req.into_parts();
         let body = match body.frame().await {
@@ -112,14 +125,20 @@ impl H1Client {
         };
         // A failed write on a reused connection: the Partner closed it while it was idle.
         let reused = match self.idle.take(worker, upstream) {
-            Some(mut conn) => conn.write(&head, rest).await.is_ok().then_some(conn),
+            Some(mut conn) => {
+                conn.due(deadline);
+                conn.write(&head, rest).await?.is_ok().then_some(conn)
+            }
             None => None,
         };
         let mut conn = match reused {
             Some(conn) => conn,
             None => {
-                let mut conn = Conn::open(to, self.connect_timeout).await?;
-                conn.write(&head, rest).await.map_err(H1Error::Write)?;
+                let open = Conn::open(to, self.connect_timeout, deadline);
+                let mut conn = tokio::time::timeout_at(deadline, open)
+                    .await
+                    .map_err(|_| H1Error::TimedOut)??;
+                conn.write(&head, rest).await?.map_err(H1Error::Write)?;
                 conn
             }
         };
@@ -130,8 +149,8 @@ impl H1Client {
                 Parsed::Informational => continue,
                 Parsed::Partial => {}
             }
-            let n = poll_fn(|cx| conn.poll_fill(cx))
-                .await
+            let n = poll_fn(|cx| conn.poll_fill_due(cx))
+                .await?
                 .map_err(H1Error::Read)?;
             if n == 0 {
                 return Err(H1Error::ClosedBeforeHead);

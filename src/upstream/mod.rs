@@ -37,16 +37,19 @@ use h1::{H1Body, H1Client, H1Error};
 
 type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
-/// [`UpstreamPool::request`]'s future.
-pub(crate) type HeadFuture = tokio::time::Timeout<Pending>;
-/// What it yields.
-pub(crate) type HeadOutcome = <HeadFuture as Future>::Output;
+/// What [`UpstreamPool::request`]'s future yields.
+pub(crate) type HeadOutcome = Result<Response<PartnerBody>, SendError>;
 
-/// A request on its way: to an HTTP/1.1 Partner through the gateway's own client, to an
-/// HTTP/2 one through hyper's.
-pub(crate) enum Pending {
-    H1(Pin<Box<dyn Future<Output = Result<Response<H1Body>, H1Error>> + Send>>),
-    H2(hyper_util::client::legacy::ResponseFuture),
+pin_project_lite::pin_project! {
+    /// A request on its way, its response head awaited under `upstream.response_timeout`:
+    /// to an HTTP/1.1 Partner through the gateway's own client (bounded by its
+    /// connection's timer, see [`crate::timers`]), to an HTTP/2 one through hyper's
+    /// (a timer per request: its connection carries many at once).
+    #[project = HeadProj]
+    pub(crate) enum HeadFuture {
+        H1 { sending: Pin<Box<dyn Future<Output = Result<Response<H1Body>, H1Error>> + Send>> },
+        H2 { #[pin] sending: tokio::time::Timeout<hyper_util::client::legacy::ResponseFuture> },
+    }
 }
 
 /// Why a request failed before its response head.
@@ -54,22 +57,25 @@ pub(crate) enum Pending {
 pub(crate) enum SendError {
     H1(H1Error),
     H2(hyper_util::client::legacy::Error),
+    /// No response head within `upstream.response_timeout`.
+    TimedOut,
 }
 
-impl Future for Pending {
-    type Output = Result<Response<PartnerBody>, SendError>;
+impl Future for HeadFuture {
+    type Output = HeadOutcome;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.get_mut() {
-            Pending::H1(f) => f
-                .as_mut()
-                .poll(cx)
-                .map_ok(|r| r.map(Either::Left))
-                .map_err(SendError::H1),
-            Pending::H2(f) => Pin::new(f)
-                .poll(cx)
-                .map_ok(|r| r.map(Either::Right))
-                .map_err(SendError::H2),
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<HeadOutcome> {
+        match self.project() {
+            HeadProj::H1 { sending } => sending.as_mut().poll(cx).map(|r| match r {
+                Ok(resp) => Ok(resp.map(Either::Left)),
+                Err(H1Error::TimedOut) => Err(SendError::TimedOut),
+                Err(e) => Err(SendError::H1(e)),
+            }),
+            HeadProj::H2 { sending } => sending.poll(cx).map(|r| match r {
+                Ok(Ok(resp)) => Ok(resp.map(Either::Right)),
+                Ok(Err(e)) => Err(SendError::H2(e)),
+                Err(_) => Err(SendError::TimedOut),
+            }),
         }
     }
 }
@@ -192,24 +198,31 @@ impl UpstreamPool {
     /// named future, so the plain `rpc` path holds it without a box. [`Self::head`] reads
     /// its outcome.
     pub(crate) fn request(&self, req: Request<Full<Bytes>>) -> HeadFuture {
-        let pending = match &self.clients {
-            Clients::H1(c) => Pending::H1(Box::pin(c.clone().send(req))),
-            Clients::H2(clients) => {
-                Pending::H2(clients[crate::workers::slot(clients.len())].request(req))
+        match &self.clients {
+            Clients::H1(c) => {
+                let deadline = tokio::time::Instant::now() + self.response_timeout;
+                HeadFuture::H1 {
+                    sending: Box::pin(c.clone().send(req, deadline)),
+                }
             }
-        };
-        tokio::time::timeout(self.response_timeout, pending)
+            Clients::H2(clients) => {
+                let client = &clients[crate::workers::slot(clients.len())];
+                HeadFuture::H2 {
+                    sending: tokio::time::timeout(self.response_timeout, client.request(req)),
+                }
+            }
+        }
     }
 
     /// What a finished [`Self::request`] became: the response head, or the failure named
     /// for this Partner.
     pub(crate) fn head(&self, done: HeadOutcome) -> Result<Response<PartnerBody>, GatewayError> {
         match done {
-            Err(_) => Err(GatewayError::UpstreamTimeout {
+            Err(SendError::TimedOut) => Err(GatewayError::UpstreamTimeout {
                 partner: self.partner.clone(),
             }),
-            Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(e)) => Err(self.classify(&e)),
+            Ok(resp) => Ok(resp),
+            Err(e) => Err(self.classify(&e)),
         }
     }
 
@@ -228,6 +241,9 @@ impl UpstreamPool {
         let (e, connect): (&(dyn std::error::Error + 'static), bool) = match e {
             SendError::H1(e) => (e, matches!(e, H1Error::Connect(_))),
             SendError::H2(e) => (e, e.is_connect()),
+            SendError::TimedOut => {
+                return GatewayError::UpstreamTimeout { partner };
+            }
         };
         if let Some(tls) = find_tls_error(e) {
             return GatewayError::UpstreamTls {

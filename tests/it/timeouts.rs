@@ -95,6 +95,66 @@ async fn slow_headers_are_disconnected() {
     );
 }
 
+/// Reads one HTTP/1.1 response (head and `content-length` body) off `s`.
+async fn read_response<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> String {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..i]).to_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .map_or(0, |v| v.trim().parse().unwrap());
+            if buf.len() >= i + 4 + len {
+                return String::from_utf8_lossy(&buf).into_owned();
+            }
+        }
+        let n = s.read(&mut chunk).await.unwrap();
+        assert!(
+            n > 0,
+            "closed mid-response: {}",
+            String::from_utf8_lossy(&buf)
+        );
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// The header bound holds on a connection's later requests too (hyper asks for a new
+/// header timer per request, and the gateway moves one kept timer to each deadline).
+#[tokio::test]
+async fn slow_headers_after_keep_alive_requests_are_disconnected() {
+    let pki = Pki::new();
+    let partner = TestPartner::start(Behaviour::Echo).await;
+    let gw = start_gateway(&pki.config(SHORT, &partner_block("p", "/p", &partner.url(), ""))).await;
+    let leader = pki.leader(LEADER_A, false);
+    let mut tls = leader.connect(gw.addr).await.unwrap();
+    for i in 0..3 {
+        let body = rpc_start(&i.to_string(), LEADER_A, &format!("t{i}"));
+        let req = format!(
+            "POST /p/rpc HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        tls.write_all(req.as_bytes()).await.unwrap();
+        tls.flush().await.unwrap();
+        let got = within(5, read_response(&mut tls)).await;
+        assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    }
+    tls.write_all(b"POST /p/rpc HTTP/1.1\r\nhost: loc")
+        .await
+        .unwrap();
+    tls.flush().await.unwrap();
+    let started = Instant::now();
+    within(5, read_to_end(&mut tls)).await;
+    let took = started.elapsed();
+    assert!(
+        took >= HEADER_TIMEOUT - Duration::from_millis(5)
+            && took < (HEADER_TIMEOUT + IDLE_TIMEOUT) / 2,
+        "closed after {took:?}: header timeout {HEADER_TIMEOUT:?}, idle {IDLE_TIMEOUT:?}"
+    );
+    assert_eq!(partner.seen().len(), 3);
+}
+
 #[tokio::test]
 async fn max_connections_holds_extra_clients_in_the_queue() {
     let pki = Pki::new();

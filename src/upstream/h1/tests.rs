@@ -15,6 +15,10 @@ enum Reply {
     Send(&'static str),
     /// Writes these bytes and closes the connection.
     SendClose(&'static str),
+    /// Writes these bytes after this many milliseconds (of tokio's clock).
+    Late(u64, &'static str),
+    /// Keeps the connection and never answers.
+    Silent,
 }
 
 struct Partner {
@@ -71,6 +75,11 @@ async fn partner(replies: Vec<Reply>) -> Partner {
                             sock.write_all(bytes.as_bytes()).await.unwrap();
                             return;
                         }
+                        Some(Reply::Late(ms, bytes)) => {
+                            tokio::time::sleep(Duration::from_millis(ms)).await;
+                            sock.write_all(bytes.as_bytes()).await.unwrap();
+                        }
+                        Some(Reply::Silent) => std::future::pending().await,
                         None => return,
                     }
                 }
@@ -99,6 +108,11 @@ fn client_to(uri: &Uri, max_idle: usize, idle_timeout: Duration) -> Arc<H1Client
     ))
 }
 
+/// A deadline no test reaches.
+fn far() -> Instant {
+    Instant::now() + Duration::from_secs(60)
+}
+
 fn post(p: &Partner, body: &'static str) -> Request<Full<Bytes>> {
     let uri: Uri = format!("{}rpc", p.uri).parse().unwrap();
     Request::post(uri)
@@ -111,7 +125,7 @@ fn post(p: &Partner, body: &'static str) -> Request<Full<Bytes>> {
 async fn call(c: &Arc<H1Client>, p: &Partner, body: &'static str) -> Result<(u16, String), String> {
     let resp = c
         .clone()
-        .send(post(p, body))
+        .send(post(p, body), far())
         .await
         .map_err(|e| e.to_string())?;
     let status = resp.status().as_u16();
@@ -208,7 +222,7 @@ async fn connection_close_and_early_drops_are_not_kept() {
     assert_eq!(call(&c, &p, "").await.unwrap(), (200, "{}".into()));
     assert_eq!(c.idle().len(), 0);
     // Half a body, then the response is dropped: the connection goes with it.
-    let resp = c.clone().send(post(&p, "")).await.unwrap();
+    let resp = c.clone().send(post(&p, ""), far()).await.unwrap();
     let mut body = resp.into_body();
     assert_eq!(
         body.frame().await.unwrap().unwrap().into_data().unwrap(),
@@ -227,7 +241,7 @@ async fn a_body_cut_by_a_close_is_an_unexpected_eof() {
     )])
     .await;
     let c = client(&p, 8, Duration::from_secs(60));
-    let resp = c.clone().send(post(&p, "")).await.unwrap();
+    let resp = c.clone().send(post(&p, ""), far()).await.unwrap();
     let Err(err) = resp.into_body().collect().await else {
         panic!("the body was read whole")
     };
@@ -255,9 +269,19 @@ async fn failures_before_the_head_are_told_apart() {
     ])
     .await;
     let c = client(&p, 8, Duration::from_secs(60));
-    let e = c.clone().send(post(&p, "")).await.err().expect("a failure");
+    let e = c
+        .clone()
+        .send(post(&p, ""), far())
+        .await
+        .err()
+        .expect("a failure");
     assert!(matches!(e, H1Error::ClosedBeforeHead), "{e}");
-    let e = c.clone().send(post(&p, "")).await.err().expect("a failure");
+    let e = c
+        .clone()
+        .send(post(&p, ""), far())
+        .await
+        .err()
+        .expect("a failure");
     assert!(matches!(e, H1Error::Wire(WireError::Framing(_))), "{e}");
     assert_eq!(call(&c, &p, "").await.unwrap(), (201, String::new()));
     assert_eq!(
@@ -274,7 +298,7 @@ async fn failures_before_the_head_are_told_apart() {
     let req = Request::post("http://127.0.0.1:1/rpc")
         .body(Full::new(Bytes::new()))
         .unwrap();
-    let e = c.send(req).await.err().expect("a failure");
+    let e = c.send(req, far()).await.err().expect("a failure");
     assert!(matches!(e, H1Error::Connect(ConnectError::Tcp(_))), "{e}");
 }
 
@@ -300,4 +324,56 @@ async fn idle_connections_are_bounded_in_number_and_time() {
     assert_eq!(c.idle().sweep_at(at(250)), 0, "past pool_idle_timeout");
     assert_eq!(call(&c, &p, "").await.unwrap(), (200, "{}".into()));
     assert_eq!(p.accepted.load(Ordering::SeqCst), 5);
+}
+
+/// Sends a request due in `ms` and reads its whole body; the error if it failed.
+async fn call_due(c: &Arc<H1Client>, p: &Partner, ms: u64) -> Result<u16, H1Error> {
+    let due = Instant::now() + Duration::from_millis(ms);
+    let resp = c.clone().send(post(p, ""), due).await?;
+    let status = resp.status().as_u16();
+    resp.into_body().collect().await.expect("the body");
+    Ok(status)
+}
+
+/// How long since `t`, to the millisecond the timer wheel rounds up to.
+fn ms_since(t: Instant) -> u128 {
+    (Instant::now() - t).as_millis()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reused_connection_bounds_each_request_by_its_own_deadline() {
+    let p = partner(vec![
+        Reply::Send(OK),
+        Reply::Silent,
+        Reply::Send(OK),
+        Reply::Late(400, OK),
+        Reply::Silent,
+    ])
+    .await;
+    let c = client(&p, 8, Duration::from_secs(600));
+    // Due in 10 s, answered at once: the connection is kept with its timer at 10 s.
+    assert_eq!(call_due(&c, &p, 10_000).await.unwrap(), 200);
+    // The next on it is due in 150 ms and not answered: it fails then, not at 10 s.
+    let t = Instant::now();
+    let e = call_due(&c, &p, 150).await.expect_err("a timeout");
+    assert!(matches!(e, H1Error::TimedOut), "{e}");
+    assert_eq!(ms_since(t), 150);
+    // A new connection: due in 100 ms, answered at once. Its deadline passes while it is
+    // idle (the timer fires with no request on it).
+    assert_eq!(call_due(&c, &p, 100).await.unwrap(), 200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The next on it, due in 2 s and answered after 400 ms, is not cut by the old one.
+    let t = Instant::now();
+    assert_eq!(call_due(&c, &p, 2_000).await.unwrap(), 200);
+    assert_eq!(ms_since(t), 400);
+    // And a later, earlier deadline still fires on time.
+    let t = Instant::now();
+    let e = call_due(&c, &p, 250).await.expect_err("a timeout");
+    assert!(matches!(e, H1Error::TimedOut), "{e}");
+    assert_eq!(ms_since(t), 250);
+    assert_eq!(
+        p.accepted.load(Ordering::SeqCst),
+        2,
+        "each timer on a kept connection"
+    );
 }
