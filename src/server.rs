@@ -12,9 +12,13 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Wake, Waker};
 use std::time::Duration;
+
+use futures_util::task::AtomicWaker;
 
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
@@ -281,30 +285,90 @@ async fn serve_connection(
 
 /// Runs a connection to its end; on drain or idleness asks it to finish gracefully
 /// (in-flight requests complete, then it closes).
-async fn drive<C>(conn: C, activity: &Activity, idle: Duration, mut drain: watch::Receiver<bool>)
+///
+/// The drain and idle watchers are polled only when one of them has woken the task (and
+/// at the first poll), not at every poll of the connection: polled each time, they
+/// re-registered the task with the drain channel (a lock) and the idle timer at every
+/// wake-up of the connection, several per request.
+async fn drive<C: Closable>(
+    conn: C,
+    activity: &Activity,
+    idle: Duration,
+    mut drain: watch::Receiver<bool>,
+) {
+    let mut conn = std::pin::pin!(conn);
+    let watch = async {
+        tokio::select! {
+            _ = drain.changed() => {}
+            _ = activity.idle_for(idle) => {}
+        }
+    };
+    let mut watch = std::pin::pin!(watch);
+    let signal = Arc::new(Signal::default());
+    let watcher = Waker::from(signal.clone());
+    let mut watching = true;
+    let ended = std::future::poll_fn(|cx| {
+        signal.task.register(cx.waker());
+        if watching
+            && signal.woken.load(Ordering::Acquire)
+            && signal.woken.swap(false, Ordering::AcqRel)
+        {
+            let mut wcx = Context::from_waker(&watcher);
+            if watch.as_mut().poll(&mut wcx).is_ready() {
+                watching = false;
+                conn.as_mut().close_gracefully();
+            }
+        }
+        conn.as_mut().poll(cx)
+    })
+    .await;
+    if let Err(e) = ended {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
+}
+
+/// What [`drive`] needs of a connection: to run, and to be asked to finish.
+trait Closable: Future<Output = Result<(), Self::Failure>> {
+    type Failure: std::fmt::Display;
+    fn close_gracefully(self: Pin<&mut Self>);
+}
+
+impl<C> Closable for C
 where
     C: GracefulConnection,
     C::Error: std::fmt::Display,
 {
-    tokio::pin!(conn);
-    let mut closing = false;
-    loop {
-        tokio::select! {
-            res = conn.as_mut() => {
-                if let Err(e) = res {
-                    tracing::debug!(error = %e, "connection ended with an error");
-                }
-                return;
-            }
-            _ = drain.changed(), if !closing => {
-                closing = true;
-                conn.as_mut().graceful_shutdown();
-            }
-            _ = activity.idle_for(idle), if !closing => {
-                closing = true;
-                conn.as_mut().graceful_shutdown();
-            }
+    type Failure = C::Error;
+    fn close_gracefully(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+/// The waker [`drive`]'s watchers hold: it marks that they asked to be polled, and wakes
+/// the connection's task.
+struct Signal {
+    woken: AtomicBool,
+    task: AtomicWaker,
+}
+
+impl Default for Signal {
+    fn default() -> Signal {
+        Signal {
+            // Polled at first, which registers them.
+            woken: AtomicBool::new(true),
+            task: AtomicWaker::new(),
         }
+    }
+}
+
+impl Wake for Signal {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::Release);
+        self.task.wake();
     }
 }
 
@@ -377,6 +441,7 @@ impl Drop for ActivityGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::task::Poll;
 
     /// Polls `idle_for` until it completes or `limit` of (paused) time has passed;
     /// returns how long it took, `None` if it did not complete.
@@ -386,6 +451,80 @@ mod tests {
             .await
             .ok()
             .map(|()| start.elapsed())
+    }
+
+    /// A connection that never wakes its task by itself (a quiet client): it ends only
+    /// once asked to close. Clones share when it was asked and how often it was polled.
+    #[derive(Clone, Default)]
+    struct Quiet(Arc<std::sync::Mutex<(Option<Instant>, usize)>>);
+
+    impl Quiet {
+        fn asked(&self) -> Option<Instant> {
+            self.0.lock().unwrap().0
+        }
+        fn polls(&self) -> usize {
+            self.0.lock().unwrap().1
+        }
+    }
+
+    impl Future for Quiet {
+        type Output = Result<(), std::convert::Infallible>;
+        fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
+            let mut s = self.0.lock().unwrap();
+            s.1 += 1;
+            if s.0.is_some() {
+                Poll::Ready(Ok(()))
+            } else {
+                Poll::Pending
+            }
+        }
+    }
+
+    impl Closable for Quiet {
+        type Failure = std::convert::Infallible;
+        fn close_gracefully(self: Pin<&mut Self>) {
+            self.0.lock().unwrap().0 = Some(Instant::now());
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_watchers_wake_a_quiet_connection_to_close_it() {
+        let idle = Duration::from_secs(2);
+        // Idleness: asked to close after `idle`, though the connection never woke.
+        let (_keep, drain) = watch::channel(false);
+        let quiet = Quiet::default();
+        let start = Instant::now();
+        let limit = Duration::from_secs(60);
+        let quiet_conn = Activity::new();
+        let driven = tokio::time::timeout(limit, drive(quiet.clone(), &quiet_conn, idle, drain));
+        driven.await.expect("the idle watcher never closed it");
+        assert_eq!(quiet.asked().map(|t| t - start), Some(idle));
+        assert_eq!(
+            quiet.polls(),
+            2,
+            "polled at first, then when the idle timer woke it"
+        );
+        // Drain: asked at once when the drain starts, with a request in flight (no idle).
+        let (tx, drain) = watch::channel(false);
+        let quiet = Quiet::default();
+        let start = Instant::now();
+        let a = Arc::new(Activity::new());
+        let guard = a.begin();
+        let run = tokio::spawn({
+            let (a, quiet) = (a.clone(), quiet.clone());
+            async move { tokio::time::timeout(limit, drive(quiet, &a, idle, drain)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        tx.send_replace(true);
+        run.await
+            .unwrap()
+            .expect("the drain watcher never closed it");
+        drop(guard);
+        assert_eq!(
+            quiet.asked().map(|t| t - start),
+            Some(Duration::from_millis(700))
+        );
+        assert_eq!(quiet.polls(), 2);
     }
 
     #[tokio::test(start_paused = true)]
