@@ -227,7 +227,7 @@ http {{
     return path
 
 
-def haproxy_config(d, port, backend, resumption):
+def haproxy_config(d, port, backend, resumption, threads=1):
     path = d / f"haproxy-{port}.cfg"
     crt = d / "gateway-haproxy.pem"
     crt.write_text((d / "gateway.pem").read_text() + (d / "gateway.key").read_text())
@@ -236,7 +236,7 @@ def haproxy_config(d, port, backend, resumption):
     path.write_text(
         f"""
 global
-    nbthread 1
+    nbthread {threads}
     maxconn 4096
 {cache}
 defaults
@@ -260,16 +260,25 @@ backend be
 
 # --scaling: the gateway with one worker on one core beside two workers on both cores
 # (the load generator then shares a core with one of them); equal requests per CPU-second
-# mean two workers do twice the work of one.
+# mean two workers do twice the work of one. HAProxy (one process, one thread per core)
+# the same way, as the reference for what sharing the cores with the load costs any proxy.
 SCALING = {
     "1 worker, CPU 1": ("1", "worker_threads = 1"),
     "2 workers, CPUs 0-1": ("0,1", "worker_threads = 2"),
     "2 shared, CPUs 0-1": ("0,1", 'worker_threads = 2\nscheduler = "shared"'),
 }
+HAPROXY_SCALING = {
+    "haproxy 1 thread, CPU 1": ("1", 1),
+    "haproxy 2 threads, CPUs 0-1": ("0,1", 2),
+}
 
 
 def start_proxy(name, binary, d, backend, resumption, extra=""):
     port = free_port()
+    if name in HAPROXY_SCALING:
+        cpus, threads = HAPROXY_SCALING[name]
+        config = haproxy_config(d, port, backend, resumption, threads)
+        return Proc(name, [tool("haproxy"), "-db", "-f", str(config)], cpus, d, wait_port=port)
     if name in SCALING:
         cpus, runtime = SCALING[name]
         config = aipgw_config(d, port, backend, resumption, extra, runtime)
@@ -452,10 +461,11 @@ def report(mode, rows, events):
             f"{sum(r['bad'] for r in rs)} |"
         )
     if "1 worker, CPU 1" in per_cpu:
-        one = per_cpu["1 worker, CPU 1"]
         for n in per_cpu:
-            if n != "1 worker, CPU 1" and one:
-                print(f"\n{n}: {per_cpu[n] / one:.2f}x the requests per CPU-second of one worker "
+            base = "haproxy 1 thread, CPU 1" if n.startswith("haproxy") else "1 worker, CPU 1"
+            one = per_cpu.get(base)
+            if n != base and one:
+                print(f"\n{n}: {per_cpu[n] / one:.2f}x the requests per CPU-second of {base} "
                       f"(as a speed-up on two cores: {2 * per_cpu[n] / one:.2f}x)")
         return
     gateways = [n for n in per_cpu if n not in ("nginx", "haproxy", "bare")]
@@ -478,7 +488,8 @@ def main():
                     "(e.g. a [cluster] section, to compare cluster mode with local mode)")
     ap.add_argument("--only", default="aipgw,nginx,haproxy,bare", help='comma-separated; "" for none but --gateway')
     ap.add_argument("--scaling", action="store_true", help="instead of the other proxies: aipgw with one worker on one core, "
-                    "two per-core workers and two shared-runtime threads on both cores (--http1/--http2)")
+                    "two per-core workers and two shared-runtime threads on both cores, and HAProxy with one "
+                    "thread and two the same way (--http1/--http2)")
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--strace", action="store_true", help="after the rounds, one run per proxy under strace -c: system calls per request by name")
     ap.add_argument("--install", action="store_true")
@@ -498,6 +509,8 @@ def main():
     proxies = [(n, str(RELEASE / "aipgw") if n == "aipgw" else None, "") for n in only]
     if args.scaling:
         proxies = [(n, str(RELEASE / "aipgw"), "") for n in SCALING]
+        if shutil.which("haproxy"):
+            proxies += [(n, None, "") for n in HAPROXY_SCALING]
     for g in args.gateway:
         label, rest = g.split("=", 1)
         binary, _, extra = rest.partition("@")
