@@ -86,8 +86,31 @@ struct Interest {
     contents: Vec<Option<ring::digest::Digest>>,
 }
 
+/// What named files held before a load started: the content a load read is what is
+/// remembered, not what is on disk once it has finished.
+#[derive(Default)]
+struct Known(Vec<(PathBuf, Option<ring::digest::Digest>)>);
+
+impl Known {
+    fn read(files: &[PathBuf]) -> Known {
+        Known(files.iter().cloned().zip(digests(files)).collect())
+    }
+
+    /// The digest of `f` if it was read, else what `f` holds now.
+    fn digest(&self, f: &Path) -> Option<ring::digest::Digest> {
+        match self.0.iter().find(|(p, _)| p == f) {
+            Some((_, d)) => *d,
+            None => digests(std::slice::from_ref(&f.to_path_buf()))
+                .pop()
+                .flatten(),
+        }
+    }
+}
+
 impl Interest {
-    fn new(config_path: &Path, cfg: &Config) -> Interest {
+    /// What `cfg` names; each file's content as `known` has it (read before the load),
+    /// or as it is now for a file the previous config did not name.
+    fn new(config_path: &Path, cfg: &Config, known: &Known) -> Interest {
         let files = named_files(config_path, cfg);
         let mut paths = BTreeSet::new();
         let mut dirs = BTreeSet::new();
@@ -100,7 +123,7 @@ impl Interest {
                 paths.insert(real);
             }
         }
-        let contents = digests(&files);
+        let contents = files.iter().map(|f| known.digest(f)).collect();
         Interest {
             files,
             paths,
@@ -174,7 +197,7 @@ pub fn spawn(
         interest: Interest::default(),
         config_path,
     };
-    w.rewatch(&gateway);
+    w.rewatch(&gateway.snapshot().config, &Known::default());
     #[cfg(unix)]
     let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     #[cfg(not(unix))]
@@ -190,10 +213,10 @@ struct Watched {
 }
 
 impl Watched {
-    /// Watches exactly the folders the current config needs, and notes what its files
-    /// hold now.
-    fn rewatch(&mut self, gateway: &Gateway) {
-        self.interest = Interest::new(&self.config_path, &gateway.snapshot().config);
+    /// Watches exactly the folders `cfg` needs, and notes what its files held when it was
+    /// loaded (`known`, read before the load started).
+    fn rewatch(&mut self, cfg: &Config, known: &Known) {
+        self.interest = Interest::new(&self.config_path, cfg, known);
         let Some(w) = self.watcher.as_mut() else {
             return;
         };
@@ -273,12 +296,64 @@ async fn run(
                 false
             }
         };
+        // What the files hold as the load starts is what it reads: remembered as such, a
+        // write landing during or just after the load is a change at its event. (Read
+        // after the load, it was taken for what had been loaded and never applied.)
+        let mut known = Known::read(&w.interest.files);
         if reload_now(&gateway, &w.config_path).is_err() && from_files {
             // A file edited in place may have been read half-written: once it has been
             // quiet for another `debounce`, try again.
             quiet(&mut rx, &w.interest, debounce).await;
+            known = Known::read(&w.interest.files);
             let _ = reload_now(&gateway, &w.config_path);
         }
-        w.rewatch(&gateway);
+        w.rewatch(&gateway.snapshot().config, &known);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(text: &str) -> Config {
+        Config::parse(text, Path::new("/")).unwrap()
+    }
+
+    const CONFIG: &str = "[listener]\nbind = \"127.0.0.1:0\"\ncert = \"/nonexistent/c.pem\"\nkey = \"/nonexistent/k.pem\"\nclient_ca = [\"/nonexistent/ca.pem\"]\n";
+
+    /// The CI failure this answers: a reload read the file, the next write landed before
+    /// the watcher noted the files, and that write was noted as what had been loaded, so
+    /// its own event found nothing changed and it never applied.
+    #[test]
+    fn a_write_landing_after_a_load_is_a_change_not_the_loaded_content() {
+        let dir = std::env::temp_dir().join(format!("aipgw-reload-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("aipgw.toml");
+        std::fs::write(&path, format!("{CONFIG}# 1\n")).unwrap();
+        let mut w = Watched {
+            watcher: None,
+            dirs: BTreeSet::new(),
+            interest: Interest::default(),
+            config_path: path.clone(),
+        };
+        w.rewatch(&config(CONFIG), &Known::default());
+        assert!(!w.interest.changed_on_disk());
+        // A load starts: what it reads is noted first.
+        std::fs::write(&path, format!("{CONFIG}# 2\n")).unwrap();
+        let known = Known::read(&w.interest.files);
+        let loaded = Config::load(&path).unwrap();
+        // The next write lands before the watcher notes the files again.
+        std::fs::write(&path, format!("{CONFIG}# 3\n")).unwrap();
+        w.rewatch(&loaded, &known);
+        assert!(
+            w.interest.changed_on_disk(),
+            "the write after the load was taken for what was loaded"
+        );
+        // Once that is loaded too, nothing is pending.
+        let known = Known::read(&w.interest.files);
+        let loaded = Config::load(&path).unwrap();
+        w.rewatch(&loaded, &known);
+        assert!(!w.interest.changed_on_disk());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
