@@ -107,6 +107,30 @@ impl Known {
     }
 }
 
+/// What the files a config names held when it was loaded, for a watcher started after
+/// the load ([`spawn`]): a write landing between the load and the start of the watch is
+/// then a change at its event, not taken for what was loaded.
+#[derive(Default)]
+pub struct AtLoad(Known);
+
+impl AtLoad {
+    /// Reads the config file; call it before the file is loaded.
+    pub fn config_file(config_path: &Path) -> AtLoad {
+        AtLoad(Known::read(&[config_path.to_path_buf()]))
+    }
+
+    /// Reads the other files `cfg` names; call it before the gateway loads them.
+    pub fn and_named(mut self, config_path: &Path, cfg: &Config) -> AtLoad {
+        for f in named_files(config_path, cfg) {
+            if !self.0 .0.iter().any(|(p, _)| *p == f) {
+                let d = digests(std::slice::from_ref(&f)).pop().flatten();
+                self.0 .0.push((f, d));
+            }
+        }
+        self
+    }
+}
+
 impl Interest {
     /// What `cfg` names; each file's content as `known` has it (read before the load),
     /// or as it is now for a file the previous config did not name.
@@ -165,12 +189,15 @@ fn digests(files: &[PathBuf]) -> Vec<Option<ring::digest::Digest>> {
 }
 
 /// Starts reloading on SIGHUP and (with `files`) on file changes; the file watches are in
-/// place when this returns, so no change made after it is missed. Abort the handle to stop.
+/// place when this returns, so no change made after it is missed, and one made since the
+/// files were read for `at_load` is seen as a change at its event. Abort the handle to
+/// stop.
 pub fn spawn(
     gateway: Arc<Gateway>,
     config_path: PathBuf,
     debounce: Duration,
     files: bool,
+    at_load: AtLoad,
 ) -> tokio::task::JoinHandle<()> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Vec<PathBuf>>();
     let watcher = if files {
@@ -197,7 +224,7 @@ pub fn spawn(
         interest: Interest::default(),
         config_path,
     };
-    w.rewatch(&gateway.snapshot().config, &Known::default());
+    w.rewatch(&gateway.snapshot().config, &at_load.0);
     #[cfg(unix)]
     let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     #[cfg(not(unix))]
@@ -354,6 +381,32 @@ mod tests {
         let loaded = Config::load(&path).unwrap();
         w.rewatch(&loaded, &known);
         assert!(!w.interest.changed_on_disk());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The same at start: the watcher starts after the gateway loaded its config, and a
+    /// write in between is a change.
+    #[test]
+    fn a_write_before_the_watcher_starts_is_a_change() {
+        let dir = std::env::temp_dir().join(format!("aipgw-start-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("aipgw.toml");
+        std::fs::write(&path, format!("{CONFIG}# 1\n")).unwrap();
+        let at_load = AtLoad::config_file(&path);
+        let loaded = Config::load(&path).unwrap();
+        let at_load = at_load.and_named(&path, &loaded);
+        std::fs::write(&path, format!("{CONFIG}# 2\n")).unwrap();
+        let mut w = Watched {
+            watcher: None,
+            dirs: BTreeSet::new(),
+            interest: Interest::default(),
+            config_path: path.clone(),
+        };
+        w.rewatch(&loaded, &at_load.0);
+        assert!(
+            w.interest.changed_on_disk(),
+            "the write before the watch was missed"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

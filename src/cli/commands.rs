@@ -43,6 +43,8 @@ pub fn main() -> ExitCode {
         Command::Demo { config } => Some(config),
         _ => None,
     };
+    // What the config file holds before it is read, for the reload watcher to start from.
+    let at_load = path.map(|p| crate::reload::AtLoad::config_file(p));
     let config = match path.map(|p| Config::load(p)).transpose() {
         Ok(c) => c,
         Err(e) => {
@@ -82,7 +84,7 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(dispatch(cli.command, config)) {
+    match runtime.block_on(dispatch(cli.command, config, at_load)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure(code, e)) => {
             eprintln!("aipgw: {e:#}");
@@ -128,17 +130,22 @@ async fn start_admin(
     ))))
 }
 
-async fn dispatch(command: Command, config: Option<Config>) -> Result<(), Failure> {
+async fn dispatch(
+    command: Command,
+    config: Option<Config>,
+    at_load: Option<crate::reload::AtLoad>,
+) -> Result<(), Failure> {
     match command {
         Command::Run { .. } => {
             let cfg = config.ok_or_else(|| usage(anyhow::anyhow!("no config")))?;
             let (bind, admin_bind) = (cfg.listener.bind, cfg.admin_bind);
             let (cfg_scheduler, worker_count) = (cfg.scheduler, cfg.workers());
             let cache_flush = cfg.cache_flush_interval;
-            let reload = cfg
-                .source
-                .clone()
-                .map(|p| (p, cfg.reload_watch, cfg.reload_debounce));
+            // The certificates, keys and CRLs as they are before the gateway reads them.
+            let reload = cfg.source.clone().map(|p| {
+                let at_load = at_load.unwrap_or_default().and_named(&p, &cfg);
+                (p, cfg.reload_watch, cfg.reload_debounce, at_load)
+            });
             crate::fdlimit::ensure(&cfg).map_err(failed)?;
             let gateway = crate::Gateway::new(cfg).map_err(usage)?;
             let listener = TcpListener::bind(bind)
@@ -146,8 +153,8 @@ async fn dispatch(command: Command, config: Option<Config>) -> Result<(), Failur
                 .map_err(|e| failed(anyhow::anyhow!("cannot bind {bind}: {e}")))?;
             let admin = start_admin(admin_bind, &gateway).await?;
             // SIGHUP always reloads; file changes too unless `reload.watch = false`.
-            let watcher = reload.map(|(path, watch, debounce)| {
-                crate::reload::spawn(gateway.clone(), path, debounce, watch)
+            let watcher = reload.map(|(path, watch, debounce, at_load)| {
+                crate::reload::spawn(gateway.clone(), path, debounce, watch, at_load)
             });
             let workers = match cfg_scheduler {
                 crate::config::raw::Scheduler::PerCore => Some(std::sync::Arc::new(

@@ -141,12 +141,16 @@ pub async fn start_gateway(config_text: &str) -> TestGateway {
 
 /// A gateway from a config file, reloading it when its files change (debounce 100 ms).
 pub async fn start_gateway_from_file(path: &std::path::Path) -> TestGateway {
-    let gateway = Gateway::new(Config::load(path).unwrap()).unwrap();
+    let at_load = aipgw::reload::AtLoad::config_file(path);
+    let config = Config::load(path).unwrap();
+    let at_load = at_load.and_named(path, &config);
+    let gateway = Gateway::new(config).unwrap();
     aipgw::reload::spawn(
         gateway.clone(),
         path.to_path_buf(),
         Duration::from_millis(100),
         true,
+        at_load,
     );
     serve(gateway).await
 }
