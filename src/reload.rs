@@ -123,7 +123,7 @@ impl AtLoad {
     pub fn and_named(mut self, config_path: &Path, cfg: &Config) -> AtLoad {
         for f in named_files(config_path, cfg) {
             if !self.0 .0.iter().any(|(p, _)| *p == f) {
-                let d = digests(std::slice::from_ref(&f)).pop().flatten();
+                let d = digest(&f);
                 self.0 .0.push((f, d));
             }
         }
@@ -178,14 +178,14 @@ impl Interest {
 }
 
 fn digests(files: &[PathBuf]) -> Vec<Option<ring::digest::Digest>> {
-    files
-        .iter()
-        .map(|f| {
-            std::fs::read(f)
-                .ok()
-                .map(|b| ring::digest::digest(&ring::digest::SHA256, &b))
-        })
-        .collect()
+    files.iter().map(|f| digest(f)).collect()
+}
+
+/// The SHA-256 of what `f` holds now; `None` if it cannot be read.
+fn digest(f: &Path) -> Option<ring::digest::Digest> {
+    std::fs::read(f)
+        .ok()
+        .map(|b| ring::digest::digest(&ring::digest::SHA256, &b))
 }
 
 /// Starts reloading on SIGHUP and (with `files`) on file changes; the file watches are in
@@ -342,35 +342,45 @@ async fn run(
 mod tests {
     use super::*;
 
-    fn config(text: &str) -> Config {
-        Config::parse(text, Path::new("/")).unwrap()
+    const CONFIG: &str = "[listener]\nbind = \"127.0.0.1:0\"\ncert = \"/nonexistent/c.pem\"\nkey = \"/nonexistent/k.pem\"\nclient_ca = [\"/nonexistent/ca.pem\"]\n";
+
+    /// A config file in a folder of its own (gone with the folder), at version 1.
+    fn config_file() -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("aipgw.toml");
+        write_version(&path, 1);
+        (dir, path)
     }
 
-    const CONFIG: &str = "[listener]\nbind = \"127.0.0.1:0\"\ncert = \"/nonexistent/c.pem\"\nkey = \"/nonexistent/k.pem\"\nclient_ca = [\"/nonexistent/ca.pem\"]\n";
+    fn write_version(path: &Path, n: u32) {
+        std::fs::write(path, format!("{CONFIG}# {n}\n")).unwrap();
+    }
+
+    /// A watcher of `path` without file events (the tests drive it by hand).
+    fn watched(path: &Path) -> Watched {
+        Watched {
+            watcher: None,
+            dirs: BTreeSet::new(),
+            interest: Interest::default(),
+            config_path: path.to_path_buf(),
+        }
+    }
 
     /// The CI failure this answers: a reload read the file, the next write landed before
     /// the watcher noted the files, and that write was noted as what had been loaded, so
     /// its own event found nothing changed and it never applied.
     #[test]
     fn a_write_landing_after_a_load_is_a_change_not_the_loaded_content() {
-        let dir = std::env::temp_dir().join(format!("aipgw-reload-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("aipgw.toml");
-        std::fs::write(&path, format!("{CONFIG}# 1\n")).unwrap();
-        let mut w = Watched {
-            watcher: None,
-            dirs: BTreeSet::new(),
-            interest: Interest::default(),
-            config_path: path.clone(),
-        };
-        w.rewatch(&config(CONFIG), &Known::default());
+        let (_dir, path) = config_file();
+        let mut w = watched(&path);
+        w.rewatch(&Config::load(&path).unwrap(), &Known::default());
         assert!(!w.interest.changed_on_disk());
         // A load starts: what it reads is noted first.
-        std::fs::write(&path, format!("{CONFIG}# 2\n")).unwrap();
+        write_version(&path, 2);
         let known = Known::read(&w.interest.files);
         let loaded = Config::load(&path).unwrap();
         // The next write lands before the watcher notes the files again.
-        std::fs::write(&path, format!("{CONFIG}# 3\n")).unwrap();
+        write_version(&path, 3);
         w.rewatch(&loaded, &known);
         assert!(
             w.interest.changed_on_disk(),
@@ -381,32 +391,22 @@ mod tests {
         let loaded = Config::load(&path).unwrap();
         w.rewatch(&loaded, &known);
         assert!(!w.interest.changed_on_disk());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// The same at start: the watcher starts after the gateway loaded its config, and a
     /// write in between is a change.
     #[test]
     fn a_write_before_the_watcher_starts_is_a_change() {
-        let dir = std::env::temp_dir().join(format!("aipgw-start-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("aipgw.toml");
-        std::fs::write(&path, format!("{CONFIG}# 1\n")).unwrap();
+        let (_dir, path) = config_file();
         let at_load = AtLoad::config_file(&path);
         let loaded = Config::load(&path).unwrap();
         let at_load = at_load.and_named(&path, &loaded);
-        std::fs::write(&path, format!("{CONFIG}# 2\n")).unwrap();
-        let mut w = Watched {
-            watcher: None,
-            dirs: BTreeSet::new(),
-            interest: Interest::default(),
-            config_path: path.clone(),
-        };
+        write_version(&path, 2);
+        let mut w = watched(&path);
         w.rewatch(&loaded, &at_load.0);
         assert!(
             w.interest.changed_on_disk(),
             "the write before the watch was missed"
         );
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -168,9 +168,6 @@ impl Future for HeadSleep {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if Instant::now() >= self.at {
-            return Poll::Ready(());
-        }
         let mut timer = self.shared.lock().unwrap_or_else(|p| p.into_inner());
         timer.set(self.at);
         // Ready here means this deadline passed (the timer was just set to it).

@@ -217,13 +217,7 @@ impl UpstreamPool {
     /// What a finished [`Self::request`] became: the response head, or the failure named
     /// for this Partner.
     pub(crate) fn head(&self, done: HeadOutcome) -> Result<Response<PartnerBody>, GatewayError> {
-        match done {
-            Err(SendError::TimedOut) => Err(GatewayError::UpstreamTimeout {
-                partner: self.partner.clone(),
-            }),
-            Ok(resp) => Ok(resp),
-            Err(e) => Err(self.classify(&e)),
-        }
+        done.map_err(|e| self.classify(&e))
     }
 
     /// How an unusual answer is read and judged.

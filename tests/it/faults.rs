@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
@@ -62,28 +62,8 @@ impl RawPartner {
 
 /// Reads one request (head and `content-length` body); returns its path.
 async fn read_request(tcp: &mut TcpStream) -> String {
-    let mut buf = Vec::new();
-    let head_end = loop {
-        let mut chunk = [0u8; 4096];
-        let n = tcp.read(&mut chunk).await.unwrap();
-        assert!(n > 0, "request cut");
-        buf.extend_from_slice(&chunk[..n]);
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-    let len: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .map_or(0, |v| v.trim().parse().unwrap());
-    while buf.len() < head_end + len {
-        let mut chunk = [0u8; 4096];
-        let n = tcp.read(&mut chunk).await.unwrap();
-        assert!(n > 0, "request body cut");
-        buf.extend_from_slice(&chunk[..n]);
-    }
-    head.split(' ').nth(1).unwrap_or("").to_owned()
+    let request = String::from_utf8_lossy(&read_http1_message(tcp).await).to_ascii_lowercase();
+    request.split(' ').nth(1).unwrap_or("").to_owned()
 }
 
 async fn answer(mut tcp: TcpStream, go: Arc<Notify>) {

@@ -581,6 +581,34 @@ pub fn partner_block(name: &str, prefix: &str, upstream: &str, extra: &str) -> S
     )
 }
 
+/// Reads one HTTP/1.1 message (its head and a `content-length` body) off `s`, for tests
+/// that speak raw HTTP/1.1; bytes after it are dropped.
+pub async fn read_http1_message<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..i]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map_or(0, |v| v.trim().parse().unwrap());
+            if buf.len() >= i + 4 + len {
+                buf.truncate(i + 4 + len);
+                return buf;
+            }
+        }
+        let n = s.read(&mut chunk).await.unwrap();
+        assert!(
+            n > 0,
+            "closed mid-message: {}",
+            String::from_utf8_lossy(&buf)
+        );
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
 /// Waits for `fut` at most `secs` seconds (a safety net, not a measurement).
 pub async fn within<T>(secs: u64, fut: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(secs), fut)
