@@ -58,44 +58,75 @@ asyncio.run(main())
 "#;
 
 /// A python with the SDK, or `None` (skipped) when it cannot be had outside CI.
+///
+/// Two ways are tried with each interpreter (the one on `PATH`, then the system's): a
+/// virtual environment made with its own pip (ensurepip), then one made without pip that
+/// the interpreter's pip installs into (`pip --python`), for an interpreter whose
+/// ensurepip fails. A half-made environment is removed before the next try, and what each
+/// failed step printed is in the failure message.
 fn sdk_python() -> Option<PathBuf> {
     let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("acps-sdk-venv");
     let python = venv.join("bin/python3");
     let ready = |python: &Path| {
         Command::new(python)
             .args(["-c", "import acps_sdk.aip.aip_rpc_client"])
-            .status()
-            .is_ok_and(|s| s.success())
+            .output()
+            .is_ok_and(|o| o.status.success())
     };
     if ready(&python) {
         return Some(python);
     }
-    let made = Command::new("python3")
-        .args(["-m", "venv"])
-        .arg(&venv)
-        .status()
-        .is_ok_and(|s| s.success())
-        && Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                SDK,
-            ])
-            .status()
-            .is_ok_and(|s| s.success());
-    if made && ready(&python) {
-        return Some(python);
+    let venv_arg = venv.to_string_lossy();
+    let python_arg = python.to_string_lossy();
+    let pip = ["install", "--quiet", "--disable-pip-version-check", SDK];
+    let mut failed = Vec::new();
+    for interpreter in ["python3", "/usr/bin/python3"] {
+        let with_pip: [Vec<&str>; 2] = [
+            vec![interpreter, "-m", "venv", &venv_arg],
+            [&[&*python_arg, "-m", "pip"][..], &pip].concat(),
+        ];
+        let without_pip: [Vec<&str>; 2] = [
+            vec![interpreter, "-m", "venv", "--without-pip", &venv_arg],
+            [
+                &[interpreter, "-m", "pip", "--python", &python_arg][..],
+                &pip,
+            ]
+            .concat(),
+        ];
+        for steps in [with_pip, without_pip] {
+            let _ = std::fs::remove_dir_all(&venv);
+            if steps.iter().all(|step| succeeds(step, &mut failed)) && ready(&python) {
+                return Some(python.clone());
+            }
+        }
     }
     assert!(
         std::env::var("CI").as_deref() != Ok("true"),
-        "cannot install {SDK} into {} (CI=true: .ci/run installs python3 and its venv module)",
-        venv.display()
+        "cannot install {SDK} into {venv_arg} (CI=true: .ci/run installs python3 and its \
+         venv module); what failed:\n{}",
+        failed.join("\n")
     );
     eprintln!("{SDK} could not be installed: test skipped");
     None
+}
+
+/// Runs one command line; when it fails, notes it with the end of what it printed.
+fn succeeds(line: &[&str], failed: &mut Vec<String>) -> bool {
+    let shown = line.join(" ");
+    match Command::new(line[0]).args(&line[1..]).output() {
+        Ok(out) if out.status.success() => true,
+        Ok(out) => {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let mut tail: Vec<&str> = err.lines().rev().take(6).collect();
+            tail.reverse();
+            failed.push(format!("{shown}: {}: {}", out.status, tail.join(" | ")));
+            false
+        }
+        Err(e) => {
+            failed.push(format!("{shown}: {e}"));
+            false
+        }
+    }
 }
 
 #[tokio::test]
