@@ -110,7 +110,7 @@ pub mod reload;
 pub(crate) mod routing;
 pub mod server;
 pub(crate) mod sse;
-#[cfg(feature = "test-util")]
+#[cfg(any(test, feature = "test-util"))]
 pub mod test_util;
 pub(crate) mod timers;
 pub(crate) mod tls;

@@ -16,3 +16,16 @@ pub use crate::sse::splitter::{fields, Splitter};
 pub use crate::tls::pem::{load_certs, load_key};
 pub use crate::trace::parse_traceparent;
 pub use crate::upstream::wire::read_in_pieces as partner_response_in_pieces;
+
+/// Where the first whole HTTP/1.1 message in `buf` ends (its head and a `content-length`
+/// body), or `None` while it is incomplete: for tests that speak raw HTTP/1.1 as a client
+/// or as a scripted Partner.
+pub fn http1_message_end(buf: &[u8]) -> Option<usize> {
+    let i = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&buf[..i]).to_ascii_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .map_or(0, |v| v.trim().parse().expect("a content-length"));
+    (buf.len() >= i + 4 + len).then_some(i + 4 + len)
+}

@@ -588,16 +588,9 @@ pub async fn read_http1_message<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> V
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..i]).to_ascii_lowercase();
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .map_or(0, |v| v.trim().parse().unwrap());
-            if buf.len() >= i + 4 + len {
-                buf.truncate(i + 4 + len);
-                return buf;
-            }
+        if let Some(end) = aipgw::test_util::http1_message_end(&buf) {
+            buf.truncate(end);
+            return buf;
         }
         let n = s.read(&mut chunk).await.unwrap();
         assert!(

@@ -22,6 +22,14 @@ async fn read_to_end<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> Vec<u8> {
     out
 }
 
+/// A gateway with the [`SHORT`] bounds in front of an echoing Partner at `/p`.
+async fn short_bounds_gateway() -> (Pki, TestPartner, TestGateway) {
+    let pki = Pki::new();
+    let partner = TestPartner::start(Behaviour::Echo).await;
+    let gw = start_gateway(&pki.config(SHORT, &partner_block("p", "/p", &partner.url(), ""))).await;
+    (pki, partner, gw)
+}
+
 #[tokio::test]
 async fn silent_tcp_client_is_dropped_after_the_handshake_timeout() {
     let pki = Pki::new();
@@ -37,9 +45,7 @@ async fn silent_tcp_client_is_dropped_after_the_handshake_timeout() {
 
 #[tokio::test]
 async fn silent_tls_client_is_dropped() {
-    let pki = Pki::new();
-    let partner = TestPartner::start(Behaviour::Echo).await;
-    let gw = start_gateway(&pki.config(SHORT, &partner_block("p", "/p", &partner.url(), ""))).await;
+    let (pki, partner, gw) = short_bounds_gateway().await;
     for h2 in [false, true] {
         let leader = pki.leader(LEADER_A, h2);
         let mut tls = leader.connect(gw.addr).await.unwrap();
@@ -56,9 +62,7 @@ async fn silent_tls_client_is_dropped() {
 
 #[tokio::test]
 async fn slow_body_is_answered_408_and_disconnected() {
-    let pki = Pki::new();
-    let partner = TestPartner::start(Behaviour::Echo).await;
-    let gw = start_gateway(&pki.config(SHORT, &partner_block("p", "/p", &partner.url(), ""))).await;
+    let (pki, partner, gw) = short_bounds_gateway().await;
     let leader = pki.leader(LEADER_A, false);
     let mut tls = leader.connect(gw.addr).await.unwrap();
     tls.write_all(
@@ -107,9 +111,7 @@ where
 /// header timer per request, and the gateway moves one kept timer to each deadline).
 #[tokio::test]
 async fn slow_headers_after_keep_alive_requests_are_disconnected() {
-    let pki = Pki::new();
-    let partner = TestPartner::start(Behaviour::Echo).await;
-    let gw = start_gateway(&pki.config(SHORT, &partner_block("p", "/p", &partner.url(), ""))).await;
+    let (pki, partner, gw) = short_bounds_gateway().await;
     let leader = pki.leader(LEADER_A, false);
     let mut tls = leader.connect(gw.addr).await.unwrap();
     for i in 0..3 {

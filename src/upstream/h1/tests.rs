@@ -49,15 +49,8 @@ async fn partner(replies: Vec<Reply>) -> Partner {
                     // One request: its head, then content-length bytes.
                     let mut chunk = [0u8; 4096];
                     let end = loop {
-                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            let head = String::from_utf8_lossy(&buf[..i]).to_lowercase();
-                            let len: usize = head
-                                .lines()
-                                .find_map(|l| l.strip_prefix("content-length: "))
-                                .map_or(0, |v| v.trim().parse().unwrap());
-                            if buf.len() >= i + 4 + len {
-                                break i + 4 + len;
-                            }
+                        if let Some(end) = crate::test_util::http1_message_end(&buf) {
+                            break end;
                         }
                         match sock.read(&mut chunk).await {
                             Ok(0) | Err(_) => return,
