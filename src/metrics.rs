@@ -108,6 +108,14 @@ pub struct ServedByLabels {
     pub served_by: &'static str,
 }
 
+/// How a `start`'s task claim was settled.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClaimLabels {
+    /// `accepted` (kept), `refused` (released), `unanswered` (kept: sent, but no answer
+    /// could be read) or `not_sent` (released: the gateway refused it before the Partner).
+    pub outcome: &'static str,
+}
+
 /// A config reload's outcome.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
@@ -155,6 +163,8 @@ pub struct Metrics {
     pub open_streams: Gauge,
     /// Re-streams, by who answered.
     pub restreams: Family<ServedByLabels, Counter>,
+    /// `start` task claims settled, by how.
+    pub task_claims: Family<ClaimLabels, Counter>,
     /// Event streams sent to Leaders that ended, by how.
     pub streams_ended: Family<StreamOutcomeLabels, Counter>,
     /// Partner failures: refused requests (502/504), bodies cut short, failed streams.
@@ -207,6 +217,7 @@ impl Metrics {
             rate_limit_refusals: Family::default(),
             open_streams: Gauge::default(),
             restreams: Family::default(),
+            task_claims: Family::default(),
             streams_ended: Family::default(),
             upstream_errors: Family::default(),
             config_reloads: Family::default(),
@@ -295,6 +306,11 @@ impl Metrics {
             "restreams",
             "Re-streams, by who answered them",
             m.restreams.clone(),
+        );
+        r.register(
+            "task_claims",
+            "Task claims of starts settled: accepted, refused, unanswered (kept), not_sent",
+            m.task_claims.clone(),
         );
         r.register(
             "streams_ended",

@@ -19,25 +19,48 @@ use super::{Cluster, ClusterError};
 use crate::identity::Aic;
 use crate::policy::tasks::TaskOwners;
 
-/// `KEYS[1]` the task; `ARGV` owner AIC, TTL in ms. Answers the owner.
+/// `KEYS[1]` the task's owner, `KEYS[2]` its count of starts awaiting an answer (absent
+/// once one was accepted); `ARGV` the claiming AIC, TTL in ms. Answers the owner and
+/// whether this start created or joined a pending claim (1) or found one it cannot
+/// settle (0: accepted already, or another AIC's).
 const CLAIM: &str = r#"
 local cur = redis.call('GET', KEYS[1])
 if not cur then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return ARGV[1]
+  redis.call('SET', KEYS[2], 1, 'PX', ARGV[2])
+  return {ARGV[1], 1}
 end
-if cur == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if cur ~= ARGV[1] then
+  return {cur, 0}
 end
-return cur
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('INCR', KEYS[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  return {cur, 1}
+end
+return {cur, 0}
 "#;
 
-/// `KEYS[1]` the task; `ARGV[1]` the AIC whose claim goes (only if it still holds it).
-const RELEASE: &str = r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+/// `KEYS` as for [`CLAIM`]; `ARGV[1]` the AIC whose start was answered, `ARGV[2]` 1 if
+/// it was accepted. An acceptance ends the pending count (the claim stands for good); a
+/// refusal lowers it and releases the claim when no pending start is left. A claim
+/// already accepted, or another AIC's, is left alone.
+const SETTLE: &str = r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
 end
-return 0
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  return 0
+end
+if ARGV[2] == '1' then
+  redis.call('DEL', KEYS[2])
+  return 1
+end
+if redis.call('DECR', KEYS[2]) <= 0 then
+  redis.call('DEL', KEYS[1], KEYS[2])
+end
+return 1
 "#;
 
 /// `KEYS[1]` this instance's marker; `ARGV[1]` its TTL in ms. 1 if Redis still had it.
@@ -52,14 +75,21 @@ static MARK_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::ne
 
 /// Owners written back per pipeline.
 const REPUBLISH_BATCH: usize = 500;
-static RELEASE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RELEASE));
+static SETTLE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(SETTLE));
 
 /// The Redis key of a task's owner (lengths first: names may contain the separator).
 fn task_key(cluster: &Cluster, partner: &str, task: &str) -> String {
-    cluster.key(
-        &format!("task:{}:{partner}:{}:{task}", partner.len(), task.len()),
-        "owner",
-    )
+    cluster.key(&task_tag(partner, task), "owner")
+}
+
+/// The owner key and the pending-count key of a task, in one hash slot.
+fn task_keys(cluster: &Cluster, partner: &str, task: &str) -> [String; 2] {
+    let tag = task_tag(partner, task);
+    [cluster.key(&tag, "owner"), cluster.key(&tag, "pending")]
+}
+
+fn task_tag(partner: &str, task: &str) -> String {
+    format!("task:{}:{partner}:{}:{task}", partner.len(), task.len())
 }
 
 fn parse_owner(text: &str) -> Result<Aic, ClusterError> {
@@ -72,28 +102,48 @@ fn parse_owner(text: &str) -> Result<Aic, ClusterError> {
     })
 }
 
-/// Claims `task` for `aic` (or refreshes its own claim): answers the owner, which is
-/// `aic` unless another AIC holds it.
+/// What a claim in Redis found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Claim {
+    /// `aic` owns the task: `pending` if this start created or joined a claim awaiting
+    /// the Partner's answer (settle it with [`settle`]), else one already accepted.
+    Ours {
+        /// Whether this start must settle the claim.
+        pending: bool,
+    },
+    /// Another AIC owns it.
+    Theirs(Aic),
+}
+
+/// Claims `task` for `aic` (or refreshes its own claim).
 pub(crate) async fn claim(
     cluster: &Cluster,
     partner: &str,
     task: &str,
     aic: &Aic,
     ttl: Duration,
-) -> Result<Aic, ClusterError> {
-    let key = task_key(cluster, partner, task);
+) -> Result<Claim, ClusterError> {
+    let [owner_key, pending_key] = task_keys(cluster, partner, task);
     let ms = super::ms(ttl);
-    let owner: String = cluster
+    let (owner, pending): (String, i64) = cluster
         .call("task_claim", |mut c| async move {
             CLAIM_SCRIPT
-                .key(key)
+                .key(owner_key)
+                .key(pending_key)
                 .arg(aic.as_str())
                 .arg(ms)
                 .invoke_async(&mut c)
                 .await
         })
         .await?;
-    parse_owner(&owner)
+    let owner = parse_owner(&owner)?;
+    Ok(if owner == *aic {
+        Claim::Ours {
+            pending: pending == 1,
+        }
+    } else {
+        Claim::Theirs(owner)
+    })
 }
 
 /// The owner of `task`, if Redis knows one.
@@ -111,19 +161,23 @@ pub(crate) async fn owner(
     owner.as_deref().map(parse_owner).transpose()
 }
 
-/// Gives up `aic`'s claim on `task` (a `start` the Partner refused).
-pub(crate) async fn release(
+/// Settles one start of `aic` that created or joined a pending claim on `task` (see
+/// [`SETTLE`]).
+pub(crate) async fn settle(
     cluster: &Cluster,
     partner: &str,
     task: &str,
     aic: &Aic,
+    accepted: bool,
 ) -> Result<(), ClusterError> {
-    let key = task_key(cluster, partner, task);
+    let [owner_key, pending_key] = task_keys(cluster, partner, task);
     cluster
-        .call("task_release", |mut c| async move {
-            RELEASE_SCRIPT
-                .key(key)
+        .call("task_settle", |mut c| async move {
+            SETTLE_SCRIPT
+                .key(owner_key)
+                .key(pending_key)
                 .arg(aic.as_str())
+                .arg(u8::from(accepted))
                 .invoke_async::<i64>(&mut c)
                 .await
         })

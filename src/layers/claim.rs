@@ -1,9 +1,13 @@
 //! A `start`'s task claim settled by the Partner's answer, for the gateway's `Forward`
-//! and an embedding Partner's `Handoff` alike: kept for an event stream, or a 2xx JSON
-//! answer with a JSON-RPC `result`; released otherwise.
+//! (`rpc`, `stream`, `notification/*` alike) and an embedding Partner's `Handoff`: kept
+//! for a 2xx event stream, or a 2xx JSON answer with a JSON-RPC `result`; released on a
+//! clear refusal (another status, a JSON-RPC error, no connection to the Partner); kept
+//! when no answer can be read (see `policy::tasks::PendingClaim`).
+
+use std::sync::Arc;
 
 use bytes::Bytes;
-use http::Response;
+use http::{Request, Response};
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full};
 
 use crate::answer::{read_up_to, AnswerLimits, Read};
@@ -13,9 +17,52 @@ use crate::error::GatewayError;
 use crate::jsonrpc;
 use crate::policy::tasks::PendingClaim;
 use crate::relay_body::is_event_stream;
+use crate::routing::Partner;
 
 /// A body on its way back, before it is relayed.
 pub(super) type AnswerBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// Sends a `start` that holds a pending claim and settles the claim by the answer, on a
+/// task of its own: a Leader that leaves (its request future dropped) does not stop the
+/// answer from being read, so a refusal still releases the claim and an acceptance keeps
+/// it. Bounded as any answer is: `upstream.response_timeout` for the head,
+/// `upstream.body_idle_timeout` for each pause of the body, `limits.max_body_bytes` for
+/// what is read to judge it.
+pub(super) async fn send_start(
+    partner: Arc<Partner>,
+    req: Request<Full<Bytes>>,
+    mut claim: PendingClaim,
+    cfg: Arc<Config>,
+) -> Result<Response<AnswerBody>, GatewayError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        claim.sent();
+        let answer = match partner.pool.send(req).await {
+            Ok(resp) => settle(resp, claim, &cfg, &partner.config.name).await,
+            Err(e) => {
+                if is_refusal(&e) {
+                    claim.refused();
+                } // else dropped: kept, the Partner may have accepted
+                Err(e)
+            }
+        };
+        // The Leader gone: the answer goes here, its claim already settled.
+        let _ = tx.send(answer);
+    });
+    rx.await
+        .unwrap_or(Err(GatewayError::Internal { reason: "panic" }))
+}
+
+/// Whether a failure to get an answer still tells that the start was not accepted: no
+/// connection could be made (nothing was sent), or the Partner answered with an error
+/// status. A timeout or a connection broken after the request was written tells nothing.
+fn is_refusal(e: &GatewayError) -> bool {
+    match e {
+        GatewayError::UpstreamUnavailable { .. } | GatewayError::UpstreamTls { .. } => true,
+        GatewayError::UpstreamBadResponse { status, .. } => !(200..300).contains(status),
+        _ => false,
+    }
+}
 
 /// Keeps or releases `claim` by the answer. The answer's body is read (bounded by
 /// `limits.max_body_bytes`, each pause by `upstream.body_idle_timeout`) and relayed
@@ -34,7 +81,7 @@ where
     let boxed = |b: B| b.map_err(Into::into).boxed_unsync();
     let ok = resp.status().is_success();
     if !ok {
-        drop(claim); // released
+        claim.refused();
         return Ok(resp.map(boxed));
     }
     if is_event_stream(resp.headers()) {
@@ -65,7 +112,7 @@ where
     if jsonrpc::reply::is_result(&whole) {
         claim.confirm();
     } else {
-        drop(claim);
+        claim.refused();
     }
     let b = Full::new(whole)
         .map_err(|never| match never {})

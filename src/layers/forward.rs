@@ -245,15 +245,13 @@ async fn forward_boxed(mut x: Exchange<()>, p: Prepared, work: Work) -> Outcome 
             let id = x.id.clone();
             streams::handle(&snap, partner, &p.caller, req, id, p.upstream, work).await
         }
-        Work::Claim(claim) => match partner.pool.send(p.upstream).await {
-            Ok(resp) => {
-                match claim::settle(resp, claim, &snap.config, &partner.config.name).await {
-                    Ok(resp) => Ok(relay(&mut x, resp, p.in_flight)),
-                    Err(e) => Err(e),
-                }
+        Work::Claim(claim) => {
+            let cfg = snap.config.clone();
+            match claim::send_start(partner.clone(), p.upstream, claim, cfg).await {
+                Ok(resp) => Ok(relay(&mut x, resp, p.in_flight)),
+                Err(e) => Err(e),
             }
-            Err(e) => Err(e),
-        },
+        }
     };
     x.log.upstream = Some(p.started.elapsed());
     match result {

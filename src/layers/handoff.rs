@@ -116,6 +116,9 @@ where
     *req.version_mut() = x.head.version;
     *req.headers_mut() = headers;
     req.extensions_mut().insert(Caller(caller));
+    if let Some(c) = x.claim.as_mut() {
+        c.sent(); // from here on, unsettled means kept (the handler may have accepted)
+    }
     let started = tokio::time::Instant::now();
     let resp = handler.call(req).await.map_err(|e| {
         let e: BoxError = e.into();

@@ -56,21 +56,23 @@ async fn ask(
     match lookup {
         OwnerLookup::Claim => {
             match tasks::claim(&cluster, &partner, &task, &aic, tasks_policy.ttl).await {
-                Ok(owner) if owner == aic => {
-                    if let Some(claim) = x.claim.as_mut() {
+                Ok(tasks::Claim::Ours { pending }) => {
+                    // Only a claim this start created or joined in Redis is settled by its
+                    // answer there; one already accepted is not this request's to undo.
+                    if let (true, Some(claim)) = (pending, x.claim.as_mut()) {
                         let (c, p, t) = (cluster.clone(), partner.clone(), task.clone());
-                        claim.also_on_release(Box::new(move || {
+                        claim.also_on_settle(Box::new(move |accepted| {
                             tokio::spawn(async move {
-                                let _ = tasks::release(&c, &p, &t, &aic).await;
+                                let _ = tasks::settle(&c, &p, &t, &aic, accepted).await;
                             });
                         }));
                     }
                     Ok(x)
                 }
-                Ok(owner) => {
+                Ok(tasks::Claim::Theirs(owner)) => {
                     // Another instance's caller holds it: this claim goes, the owner is cached.
                     drop(x.claim.take());
-                    let _ = x.snap.tasks.claim(&partner, &task, &owner, None);
+                    x.snap.tasks.learn(&partner, &task, &owner);
                     Err(x.refuse(not_task_owner(&task, &owner, &aic)))
                 }
                 // Redis unreachable: the claim taken here stands (local mode's rule).
@@ -81,7 +83,7 @@ async fn ask(
             let unknown = tasks_policy.unknown;
             match tasks::owner(&cluster, &partner, &task).await {
                 Ok(Some(owner)) => {
-                    let _ = x.snap.tasks.claim(&partner, &task, &owner, None);
+                    x.snap.tasks.learn(&partner, &task, &owner);
                     if owner == aic {
                         Ok(x)
                     } else {

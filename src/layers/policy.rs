@@ -71,6 +71,10 @@ fn check(x: &mut Exchange<Bytes>) -> Result<(), GatewayError> {
         task,
         text(&call.session_id, body),
     )?;
+    let metrics = x.claim.is_some().then(|| x.snap.metrics.clone());
+    if let (Some(claim), Some(metrics)) = (x.claim.as_mut(), metrics) {
+        claim.count_in(metrics);
+    }
     if clustered && x.claim.is_some() {
         // New here: claimed in Redis too before it is forwarded.
         x.owner_lookup = Some(OwnerLookup::Claim);

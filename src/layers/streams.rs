@@ -55,7 +55,7 @@ pub(crate) struct StreamRequest {
 pub(crate) struct Work {
     /// The Partner in-flight permit.
     pub in_flight: InFlightPermit,
-    /// A `start`'s provisional task claim, kept if the Partner answers with a stream.
+    /// A `start`'s provisional task claim, settled by the Partner's answer.
     pub claim: Option<PendingClaim>,
     /// The Partner's events sent to this Leader and how its stream ended (access log).
     pub tally: Arc<StreamTally>,
@@ -79,7 +79,6 @@ pub(crate) async fn handle(
     upstream: Request<Full<Bytes>>,
     work: Work,
 ) -> Result<Response<ResponseBody>, GatewayError> {
-    let settings = snap.config.stream;
     let key = req.task_id.as_ref().map(|t| StreamKey {
         partner: partner.config.name.as_str().into(),
         task_id: t.as_str().into(),
@@ -113,61 +112,105 @@ pub(crate) async fn handle(
         _ => None,
     };
     let stream_permit = (stream_permit, lease);
-    let resp = partner.pool.send(upstream).await?;
-    let is_sse = resp.status() == StatusCode::OK && is_event_stream(resp.headers());
-    let idle = snap.config.upstream.body_idle_timeout;
+    // A start's claim is settled by the answer as for any start (`claim`): a 2xx event
+    // stream or a 2xx JSON-RPC result keeps it, even when this Leader has left.
     let held = (work.in_flight, stream_permit);
-    let Some(key) = key.filter(|_| is_sse) else {
-        // Not a recordable stream: relayed as it is, the permits held by its body. A
-        // start's claim stands only if the Partner answered with a stream.
-        if let Some(claim) = work.claim {
-            if is_sse {
-                claim.confirm();
-            }
-        }
-        let tail = || SseTail {
-            tally: work.tally,
-            id,
-            on_failure: settings.on_upstream_failure,
-        };
-        return Ok(relay_response(resp, idle, tail, held));
-    };
-    if let Some(claim) = work.claim {
-        claim.confirm();
-    }
-    let record = snap.replay.open(
-        key.clone(),
-        StreamMeta {
-            owner: identity.aic,
-            session_id: req.session_id,
-        },
-    );
-    // Cluster mode: its events also go to Redis, for re-streams reaching other instances.
-    let record = match snap.cluster.as_ref().filter(|c| c.shares_replay()) {
-        Some(c) => crate::cluster::replay::mirrored(c, &key, record, &snap.config.replay),
-        None => record,
-    };
-    // Follow before the recorder starts, so it never sees zero followers at first.
-    let body = follow(
-        record.clone(),
-        record.first_cursor(),
+    let answer = Answered {
+        key,
+        req,
         id,
-        settings.keepalive_interval,
-        snap.closing.subscribe(),
-        work.tally,
-        settings.on_upstream_failure,
-    );
-    let (metrics, pname) = (snap.metrics.clone(), partner.config.name.clone());
-    tokio::spawn(async move {
-        let end = record_upstream(resp.into_body(), record, settings, held).await;
-        // Counted once per Partner stream, however many Leaders followed it.
-        if let StreamEnd::Failed { reason } = end {
-            if partner_caused(reason) {
-                metrics.upstream_error(&pname, reason);
-            }
+        tally: work.tally,
+        held,
+    };
+    match work.claim {
+        Some(claim) => {
+            let cfg = snap.config.clone();
+            let resp = super::claim::send_start(partner.clone(), upstream, claim, cfg).await?;
+            Ok(answer.relay(snap, partner, identity, resp))
         }
-    });
-    Ok(sse_response(counted(snap, body)))
+        None => {
+            let resp = partner.pool.send(upstream).await?;
+            Ok(answer.relay(snap, partner, identity, resp))
+        }
+    }
+}
+
+/// What a `stream` request's answer is relayed with.
+struct Answered<G> {
+    key: Option<StreamKey>,
+    req: StreamRequest,
+    id: RpcId,
+    tally: Arc<StreamTally>,
+    held: G,
+}
+
+impl<G: Send + Unpin + 'static> Answered<G> {
+    /// A recordable event stream goes through the replay buffer; any other answer is
+    /// relayed as it is, the permits held by its body.
+    fn relay<B>(
+        self,
+        snap: &Snapshot,
+        partner: &Arc<Partner>,
+        identity: &PeerIdentity,
+        resp: Response<B>,
+    ) -> Response<ResponseBody>
+    where
+        B: http_body::Body<Data = Bytes> + Unpin + Send + 'static,
+        B::Error: Into<crate::body::BoxError> + Send,
+    {
+        let settings = snap.config.stream;
+        let Answered {
+            key,
+            req,
+            id,
+            tally,
+            held,
+        } = self;
+        let is_sse = resp.status() == StatusCode::OK && is_event_stream(resp.headers());
+        let idle = snap.config.upstream.body_idle_timeout;
+        let Some(key) = key.filter(|_| is_sse) else {
+            let tail = || SseTail {
+                tally,
+                id,
+                on_failure: settings.on_upstream_failure,
+            };
+            return relay_response(resp, idle, tail, held);
+        };
+        let record = snap.replay.open(
+            key.clone(),
+            StreamMeta {
+                owner: identity.aic,
+                session_id: req.session_id,
+            },
+        );
+        // Cluster mode: its events also go to Redis, for re-streams reaching other
+        // instances.
+        let record = match snap.cluster.as_ref().filter(|c| c.shares_replay()) {
+            Some(c) => crate::cluster::replay::mirrored(c, &key, record, &snap.config.replay),
+            None => record,
+        };
+        // Follow before the recorder starts, so it never sees zero followers at first.
+        let body = follow(
+            record.clone(),
+            record.first_cursor(),
+            id,
+            settings.keepalive_interval,
+            snap.closing.subscribe(),
+            tally,
+            settings.on_upstream_failure,
+        );
+        let (metrics, pname) = (snap.metrics.clone(), partner.config.name.clone());
+        tokio::spawn(async move {
+            let end = record_upstream(resp.into_body(), record, settings, held).await;
+            // Counted once per Partner stream, however many Leaders followed it.
+            if let StreamEnd::Failed { reason } = end {
+                if partner_caused(reason) {
+                    metrics.upstream_error(&pname, reason);
+                }
+            }
+        });
+        sse_response(counted(snap, body))
+    }
 }
 
 fn restreamed(snap: &Snapshot, served_by: &'static str) {

@@ -4,9 +4,17 @@
 //! when the Partner does not check.
 //!
 //! A `start` takes a provisional claim before it is forwarded (so two Leaders racing for
-//! one `taskId` cannot both pass); the claim is kept only if the Partner accepted the
-//! start (2xx with a JSON-RPC `result`, or an event stream), and released otherwise, so a
-//! refused start never locks the real owner out (`PendingClaim`).
+//! one `taskId` cannot both pass). The claim is settled by the Partner's answer
+//! (`PendingClaim`): kept when the Partner accepted the start (a 2xx event stream, or a
+//! 2xx JSON-RPC `result`), released only on a clear refusal (another status, a JSON-RPC
+//! error, or a start that never reached the Partner: no connection could be made). When
+//! no answer can be known (the Partner timed out, the connection broke after the request
+//! was written) the claim is kept: the Partner may have accepted, and failing closed
+//! leaves the task to the Leader that sent it.
+//!
+//! Starts of one task by its own AIC may overlap: each one that finds the claim still
+//! pending joins it (a count), and the claim goes only when the last of them was refused;
+//! one acceptance settles it for good.
 //!
 //! Behind a small trait ([`TaskOwners`]) so a Redis-backed store can follow. The in-memory
 //! store is bounded (`policy.tasks.max_entries`): when full, the least recently used task
@@ -29,7 +37,10 @@ use crate::identity::Aic;
 pub enum Claimed {
     /// The task was unknown: the caller is now its (provisional) owner.
     New,
-    /// The caller already owned it; its entry was refreshed.
+    /// The caller's own claim, still awaiting the answer to an earlier start: this start
+    /// joins it (refreshed; released only if every start that joined is refused).
+    Joined,
+    /// The caller owns it, accepted by the Partner; its entry was refreshed.
     Held,
 }
 
@@ -44,8 +55,14 @@ pub trait TaskOwners: Send + Sync {
         aic: &Aic,
         session: Option<&str>,
     ) -> Result<Claimed, Aic>;
-    /// Forgets a task `aic` claimed, if `aic` still owns it (a start the Partner refused).
-    fn release(&self, partner: &str, task: &str, aic: &Aic);
+    /// Settles one pending start of `aic` on `task` (one that [`Claimed::New`] or
+    /// [`Claimed::Joined`] answered): accepted, the claim stands for good; refused, it
+    /// goes when no other start of the same claim is still pending. A claim already
+    /// accepted, or held by another AIC, is left alone.
+    fn settle(&self, partner: &str, task: &str, aic: &Aic, accepted: bool);
+    /// Records `owner` as a task's accepted owner, learnt elsewhere (Redis in cluster
+    /// mode): replaces what this store held for the task.
+    fn learn(&self, partner: &str, task: &str, owner: &Aic);
     /// The owner of a task, if known.
     fn owner(&self, partner: &str, task: &str) -> Option<Aic>;
     /// Entries held.
@@ -136,6 +153,9 @@ impl Names {
 struct Entry {
     names: Names,
     owner: u32,
+    /// Starts awaiting the Partner's answer; 0 once one was accepted (or the owner was
+    /// learnt).
+    pending: u16,
     /// Used since it was (re)queued: gets a second chance instead of being evicted.
     used: bool,
     /// When it is forgotten, in nanoseconds since [`Inner::epoch`].
@@ -259,6 +279,36 @@ impl Inner {
             .retain(|(h, s)| map.get(h).is_some_and(|e| e.stamp == *s));
     }
 
+    /// A new entry for `owner` at `h` (room made first; whatever was at `h` goes: a hash
+    /// collision with another task is astronomically rare), queued at the back.
+    #[allow(clippy::too_many_arguments)]
+    fn insert(
+        &mut self,
+        h: u64,
+        names: Names,
+        owner: &Aic,
+        pending: u16,
+        expires: u64,
+        cap: usize,
+        now: u64,
+    ) {
+        self.make_room(cap, now);
+        self.remove(h);
+        let owner = self.owners.acquire(owner);
+        self.map.insert(
+            h,
+            Entry {
+                names,
+                owner,
+                pending,
+                used: false,
+                expires,
+                stamp: 0,
+            },
+        );
+        self.enqueue(h);
+    }
+
     /// Drops expired entries at the old end, then the oldest unused ones until there is
     /// room for one more (a used one is queued again, once).
     fn make_room(&mut self, cap: usize, now: u64) {
@@ -307,36 +357,67 @@ impl TaskOwners for MemoryTaskOwners {
             let e = inner.map.get_mut(&h).expect("live above");
             e.expires = expires;
             e.used = true;
-            return Ok(Claimed::Held);
+            if e.pending == 0 {
+                return Ok(Claimed::Held);
+            }
+            e.pending = e.pending.saturating_add(1);
+            return Ok(Claimed::Joined);
         }
-        inner.make_room(self.max_entries, now);
-        // A hash collision with another task replaces that entry (astronomically rare).
-        inner.remove(h);
-        let owner = inner.owners.acquire(aic);
-        inner.map.insert(
+        inner.insert(
             h,
-            Entry {
-                names: Names::new(partner, task, session),
-                owner,
-                used: false,
-                expires,
-                stamp: 0,
-            },
+            Names::new(partner, task, session),
+            aic,
+            1,
+            expires,
+            self.max_entries,
+            now,
         );
-        inner.enqueue(h);
         Ok(Claimed::New)
     }
 
-    fn release(&self, partner: &str, task: &str, aic: &Aic) {
+    fn settle(&self, partner: &str, task: &str, aic: &Aic, accepted: bool) {
         let (mut guard, h) = self.locate(partner, task);
         let inner = &mut *guard;
         let now = inner.nanos(Instant::now());
-        let Some(owner) = inner.live(h, partner, task, now).map(|e| e.owner) else {
+        let Some((owner, pending)) = inner
+            .live(h, partner, task, now)
+            .map(|e| (e.owner, e.pending))
+        else {
             return;
         };
-        if inner.owners.get(owner) == aic {
+        if inner.owners.get(owner) != aic || pending == 0 {
+            return;
+        }
+        let e = inner.map.get_mut(&h).expect("live above");
+        e.pending = if accepted { 0 } else { pending - 1 };
+        if e.pending == 0 && !accepted {
             inner.remove(h);
         }
+    }
+
+    fn learn(&self, partner: &str, task: &str, owner: &Aic) {
+        let (mut guard, h) = self.locate(partner, task);
+        let inner = &mut *guard;
+        let now = inner.nanos(Instant::now());
+        let expires = inner.deadline(now, self.ttl);
+        if let Some(e) = inner.live(h, partner, task, now) {
+            let held = e.owner;
+            if inner.owners.get(held) == owner {
+                let e = inner.map.get_mut(&h).expect("live above");
+                e.expires = expires;
+                e.pending = 0;
+                return;
+            }
+        }
+        inner.insert(
+            h,
+            Names::new(partner, task, None),
+            owner,
+            0,
+            expires,
+            self.max_entries,
+            now,
+        );
     }
 
     fn owner(&self, partner: &str, task: &str) -> Option<Aic> {
@@ -396,38 +477,82 @@ impl TaskOwners for MemoryTaskOwners {
     }
 }
 
-/// A `start`'s new claim, awaiting the Partner's answer: [`PendingClaim::confirm`] keeps
-/// it; dropped unconfirmed (the Partner refused, failed or never answered) it is released.
+/// A `start`'s claim, awaiting the Partner's answer ([`Claimed::New`] or
+/// [`Claimed::Joined`]). [`PendingClaim::confirm`] keeps it for good;
+/// [`PendingClaim::refused`] releases it. Dropped unsettled, it goes if the start never
+/// left the gateway, and stays (accepted, failing closed) once [`PendingClaim::sent`]
+/// marked it on its way to the Partner: a Leader that left, a timeout or a broken
+/// connection cannot tell whether the Partner accepted it.
 pub struct PendingClaim {
     owners: Arc<dyn TaskOwners>,
     partner: Box<str>,
     task: Box<str>,
     aic: Aic,
-    confirmed: bool,
-    /// Also run on release (cluster mode: the claim taken in Redis goes too).
-    on_release: Option<Box<dyn FnOnce() + Send + Sync>>,
+    sent: bool,
+    settled: bool,
+    /// Where the settlement is counted (`aipgw_task_claims_total`).
+    metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// Also run when it is settled, with whether it was accepted (cluster mode: the
+    /// claim taken in Redis is settled too).
+    on_settle: Option<Box<dyn FnOnce(bool) + Send + Sync>>,
 }
 
 impl PendingClaim {
     /// The Partner accepted the start: the claim stands.
     pub fn confirm(mut self) {
-        self.confirmed = true;
+        self.settle(true, "accepted");
     }
 
-    /// Runs `f` too if the claim is released.
-    pub fn also_on_release(&mut self, f: Box<dyn FnOnce() + Send + Sync>) {
-        self.on_release = Some(f);
+    /// The Partner clearly refused the start (or it never reached the Partner): the
+    /// claim goes, unless another pending start of the same AIC still holds it.
+    pub fn refused(mut self) {
+        self.settle(false, "refused");
+    }
+
+    /// The start is on its way to the Partner: from now on, dropped unsettled, the claim
+    /// is kept.
+    pub fn sent(&mut self) {
+        self.sent = true;
+    }
+
+    /// Counts the settlement in `metrics`.
+    pub fn count_in(&mut self, metrics: Arc<crate::metrics::Metrics>) {
+        self.metrics = Some(metrics);
+    }
+
+    /// Runs `f` too when the claim is settled, with whether it was accepted.
+    pub fn also_on_settle(&mut self, f: Box<dyn FnOnce(bool) + Send + Sync>) {
+        self.on_settle = Some(f);
+    }
+
+    fn settle(&mut self, accepted: bool, outcome: &'static str) {
+        if std::mem::replace(&mut self.settled, true) {
+            return;
+        }
+        if let Some(m) = &self.metrics {
+            let labels = crate::metrics::ClaimLabels { outcome };
+            m.task_claims.get_or_create(&labels).inc();
+        }
+        self.owners
+            .settle(&self.partner, &self.task, &self.aic, accepted);
+        if let Some(f) = self.on_settle.take() {
+            f(accepted);
+        }
     }
 }
 
 impl Drop for PendingClaim {
     fn drop(&mut self) {
-        if !self.confirmed {
-            self.owners.release(&self.partner, &self.task, &self.aic);
-            if let Some(f) = self.on_release.take() {
-                f();
-            }
+        if !self.settled && self.sent {
+            tracing::debug!(
+                partner = %self.partner,
+                task = %self.task,
+                owner = %self.aic,
+                "no answer to a start was read: its task claim is kept"
+            );
         }
+        let sent = self.sent;
+        self.settle(sent, if sent { "unanswered" } else { "not_sent" });
     }
 }
 
@@ -488,13 +613,15 @@ pub fn check_task(
     if is_start(method, command) {
         return match owners.claim(partner, task, aic, session) {
             Ok(Claimed::Held) => Ok(None),
-            Ok(Claimed::New) => Ok(Some(PendingClaim {
+            Ok(Claimed::New | Claimed::Joined) => Ok(Some(PendingClaim {
                 owners: owners.clone(),
                 partner: partner.into(),
                 task: task.into(),
                 aic: *aic,
-                confirmed: false,
-                on_release: None,
+                sent: false,
+                settled: false,
+                metrics: None,
+                on_settle: None,
             })),
             Err(owner) => Err(not_owner(owner)),
         };
@@ -551,7 +678,7 @@ mod tests {
             .collect();
         let store = MemoryTaskOwners::new(4, Duration::from_secs(60));
         store.claim("p", "r", &aics[0], None).unwrap();
-        store.release("p", "r", &aics[0]);
+        store.settle("p", "r", &aics[0], false);
         assert_eq!(owners_held(&store), 0, "released");
         store.claim("p", "a", &aics[1], None).unwrap();
         store.claim("p", "b", &aics[1], None).unwrap();
@@ -600,6 +727,8 @@ mod tests {
         let b = aic("10001000011K94ZH3VDXLP4S5EB63614");
         let store = MemoryTaskOwners::new(1000, Duration::from_secs(60));
         assert_eq!(store.claim("p", "t", &a, Some("s")), Ok(Claimed::New));
+        assert_eq!(store.claim("p", "t", &a, None), Ok(Claimed::Joined));
+        store.settle("p", "t", &a, true);
         assert_eq!(store.claim("p", "t", &a, None), Ok(Claimed::Held));
         assert_eq!(store.claim("p", "t", &b, None), Err(a));
         assert_eq!(
@@ -694,9 +823,95 @@ mod tests {
         let b = aic("10001000011K94ZH3VDXLP4S5EB63614");
         let store = MemoryTaskOwners::new(10, Duration::from_secs(3600));
         store.claim("p", "t", &a, None).unwrap();
-        store.release("p", "t", &b);
+        store.settle("p", "t", &b, false);
         assert_eq!(store.owner("p", "t"), Some(a));
-        store.release("p", "t", &a);
+        store.settle("p", "t", &a, false);
         assert_eq!(store.owner("p", "t"), None);
+    }
+
+    /// Issue 28, hole 2: a refused start releases only a claim still pending, and only
+    /// when no other start of the same AIC still awaits its answer; an accepted one
+    /// settles it for good.
+    #[test]
+    fn a_refusal_never_undoes_an_acceptance() {
+        let a = aic("10001000011K912345E789ABCDEF2353");
+        let store = MemoryTaskOwners::new(10, Duration::from_secs(3600));
+        // Two overlapping starts: the second accepted, the first refused after it.
+        assert_eq!(store.claim("p", "t", &a, None), Ok(Claimed::New));
+        assert_eq!(store.claim("p", "t", &a, None), Ok(Claimed::Joined));
+        store.settle("p", "t", &a, true);
+        store.settle("p", "t", &a, false);
+        assert_eq!(store.owner("p", "t"), Some(a), "accepted stays");
+        assert_eq!(store.claim("p", "t", &a, None), Ok(Claimed::Held));
+        store.settle("p", "t", &a, false);
+        assert_eq!(
+            store.owner("p", "t"),
+            Some(a),
+            "a held claim has nothing pending"
+        );
+        // Two overlapping starts, the first refused while the second is pending.
+        store.claim("p", "u", &a, None).unwrap();
+        store.claim("p", "u", &a, None).unwrap();
+        store.settle("p", "u", &a, false);
+        assert_eq!(store.owner("p", "u"), Some(a), "one start still pending");
+        store.settle("p", "u", &a, false);
+        assert_eq!(store.owner("p", "u"), None, "both refused");
+    }
+
+    /// An owner learnt from Redis is accepted: a refused start of another AIC's pending
+    /// claim here cannot drop it, and it replaces what was held.
+    #[test]
+    fn a_learnt_owner_is_accepted() {
+        let a = aic("10001000011K912345E789ABCDEF2353");
+        let b = aic("10001000011K94ZH3VDXLP4S5EB63614");
+        let store = MemoryTaskOwners::new(10, Duration::from_secs(3600));
+        store.learn("p", "t", &a);
+        store.settle("p", "t", &a, false);
+        assert_eq!(store.owner("p", "t"), Some(a));
+        store.claim("p", "u", &b, None).unwrap();
+        store.learn("p", "u", &a);
+        assert_eq!(store.owner("p", "u"), Some(a));
+        assert_eq!(store.claim("p", "u", &a, None), Ok(Claimed::Held));
+    }
+
+    /// A claim dropped before the start was sent goes; one dropped after it was sent,
+    /// with no answer read, stays (the Partner may have accepted it).
+    #[test]
+    fn an_unanswered_start_keeps_its_claim() {
+        let a = aic("10001000011K912345E789ABCDEF2353");
+        let owners: Arc<dyn TaskOwners> =
+            Arc::new(MemoryTaskOwners::new(10, Duration::from_secs(3600)));
+        let start = |t: &str| {
+            check_task(
+                &owners,
+                UnknownTask::Forward,
+                "p",
+                &a,
+                crate::jsonrpc::Method::Rpc,
+                Some(crate::jsonrpc::Command::Start),
+                Some(t),
+                None,
+            )
+            .unwrap()
+            .expect("a new claim")
+        };
+        drop(start("unsent"));
+        assert_eq!(owners.owner("p", "unsent"), None);
+        let mut c = start("sent");
+        c.sent();
+        drop(c);
+        assert_eq!(owners.owner("p", "sent"), Some(a));
+        assert!(
+            start_is_held(&owners, &a, "sent"),
+            "kept as accepted: nothing pending"
+        );
+        let mut c = start("refused");
+        c.sent();
+        c.refused();
+        assert_eq!(owners.owner("p", "refused"), None);
+    }
+
+    fn start_is_held(owners: &Arc<dyn TaskOwners>, a: &Aic, t: &str) -> bool {
+        owners.claim("p", t, a, None) == Ok(Claimed::Held)
     }
 }
