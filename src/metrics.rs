@@ -119,7 +119,8 @@ pub struct ClaimLabels {
 /// A config reload's outcome.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
-    /// `ok` or `failed`.
+    /// `ok`, `failed`, or `unchanged` (a watched file written with the content already
+    /// loaded: nothing reloaded).
     pub result: &'static str,
 }
 

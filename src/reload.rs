@@ -314,6 +314,9 @@ async fn run(
                 quiet(&mut rx, &w.interest, debounce).await;
                 if !w.interest.changed_on_disk() {
                     tracing::debug!("watched files unchanged: no reload");
+                    let labels = crate::metrics::ResultLabels { result: "unchanged" };
+                    let metrics = gateway.snapshot().metrics.clone();
+                    metrics.config_reloads.get_or_create(&labels).inc();
                     continue;
                 }
                 true

@@ -430,7 +430,14 @@ async fn a_copy_started_anew_elsewhere_is_left_to_its_new_recorder() {
         assert_eq!(within(10, first.next_event()).await.unwrap().seq(), Some(n));
     }
     assert!(within(10, first.next_event()).await.is_none());
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A's writer works its queue in order: once a later stream of A's is in Redis, what A
+    // queued for t7 before it has been handled too (written, or left out).
+    let mut later = stream(&leader, &a, "\"s9\"", "t9", "start", None).await;
+    let later_feed = partner.feed("t9").await;
+    feed_events(&later_feed, 1..=1, None).await;
+    assert_eq!(within(10, later.next_event()).await.unwrap().seq(), Some(1));
+    let (later_events, _) = keys("t9");
+    until_redis(&redis, &["XLEN", &later_events], 1, Duration::from_secs(5)).await;
     assert_eq!(
         int(redis.cmd(&["XLEN", &events])),
         3,

@@ -176,7 +176,8 @@ async fn reloads_only_on_real_changes_and_keep_quotas() {
         tokio::time::sleep(Duration::from_millis(60)).await;
     }
     replace_file(&path, &text);
-    tokio::time::sleep(Duration::from_millis(600)).await; // past the 100 ms debounce
+    // The watcher judged the rewrite (its own signal), so a reload would have counted.
+    wait_reloads(&gw, "unchanged", 1).await;
     assert_eq!(
         reloads(&gw, "ok").await,
         0,
@@ -427,7 +428,7 @@ async fn abandoned_streams_keep_their_permits() {
     feed_events(&feed, 1..=1, None).await;
     assert_eq!(s.next_event().await.unwrap().seq(), Some(1));
     s.disconnect(); // the Leader leaves; the Partner's stream goes on
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    left(&gw).await;
     // (On a gateway that freed the permits, this would be a stream that never ends.)
     let r = within(
         10,
@@ -488,6 +489,18 @@ async fn abandoned_streams_keep_their_permits() {
     assert_eq!(s.next_event().await.unwrap().seq(), Some(1));
 }
 
+/// Waits until the gateway has seen a Leader leave its stream (the stream's end is
+/// counted when the Leader's side of it is dropped): what is asserted next then holds
+/// after the gateway acted on the departure, not merely after some time.
+async fn left(gw: &TestGateway) {
+    metric(
+        gw,
+        "aipgw_streams_ended_total{partner=\"p\",outcome=\"client_closed\"}",
+        1.0,
+    )
+    .await;
+}
+
 /// Hole 9, the per-AIC half: with a Partner that has no in-flight limit, an abandoned
 /// stream still counts against the caller's open streams.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -514,7 +527,7 @@ async fn abandoned_streams_count_against_the_caller() {
     assert_eq!(s.status, 200);
     let feed = partner.feed("t1").await;
     s.disconnect();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    left(&gw).await;
     // (On a gateway that freed the permits, this would be a stream that never ends.)
     let r = within(
         10,
