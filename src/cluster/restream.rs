@@ -20,40 +20,37 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body::Frame;
-use http_body_util::{BodyExt, StreamBody};
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 use tokio::time::Instant;
 
 use super::replay::{entry_fields, EntryId, ReplayKeys};
 use super::{Cluster, ClusterError};
-use crate::body::{BoxError, ResponseBody};
-use crate::jsonrpc::RpcId;
-use crate::outcome::StreamTally;
-use crate::sse::emit::{closing_changed, Emitter, OnUpstreamFailure};
+use crate::body::ResponseBody;
+use crate::identity::Aic;
+use crate::sse::emit::Emitter;
+use crate::sse::follow::{self, Feed, Listener};
 use crate::sse::replay::{Entry, StreamEnd, StreamKey, NO_SEQ};
+use crate::sse::source::{Found, ReplaySource, Resume, Unavailable};
+use futures_util::future::BoxFuture;
 
 /// What Redis holds of a stream recorded elsewhere.
 #[derive(Debug)]
-pub(crate) struct RemoteCopy {
+struct RemoteCopy {
     keys: ReplayKeys,
     /// The AIC that started it.
-    pub owner: String,
+    owner: String,
     /// The `sessionId` it was started with.
-    pub session: Option<String>,
+    session: Option<String>,
     trimmed: Option<EntryId>,
     broken: bool,
     /// The end was written.
-    pub ended: bool,
+    ended: bool,
     leased: bool,
 }
 
 /// The copy of `key`, if Redis has one.
-pub(crate) async fn find(
-    cluster: &Arc<Cluster>,
-    key: &StreamKey,
-) -> Result<Option<RemoteCopy>, ClusterError> {
+async fn find(cluster: &Arc<Cluster>, key: &StreamKey) -> Result<Option<RemoteCopy>, ClusterError> {
     let keys = ReplayKeys::new(cluster, key);
     let (meta, recorder) = (keys.meta.clone(), keys.recorder.clone());
     let (fields, leased): (HashMap<String, String>, i64) = cluster
@@ -85,7 +82,7 @@ pub(crate) async fn find(
 
 impl RemoteCopy {
     /// Whether it can serve every event after `after` (all when `None`); else why not.
-    pub(crate) fn servable(&self, after: Option<u64>) -> Result<(), &'static str> {
+    fn servable(&self, after: Option<u64>) -> Result<(), &'static str> {
         if self.broken {
             return Err("gap");
         }
@@ -109,15 +106,56 @@ fn trimmed_past(trimmed: Option<EntryId>, read: Option<EntryId>, history: bool) 
     }
 }
 
+/// The copies in Redis as a source of re-streams.
+pub(crate) struct Shared<'c>(pub &'c Arc<Cluster>);
+
+impl ReplaySource for Shared<'_> {
+    fn find<'a>(&'a self, key: &'a StreamKey) -> BoxFuture<'a, Result<Option<Found>, Unavailable>> {
+        Box::pin(async move {
+            // Redis down or slow: forwarded, as with no copy.
+            let Some(copy) = find(self.0, key).await.map_err(|_| Unavailable)? else {
+                return Ok(None);
+            };
+            let owner = Aic::parse(&copy.owner).ok();
+            let (session, ended) = (copy.session.clone(), copy.ended);
+            let stream = Box::new(CopyStream {
+                cluster: self.0.clone(),
+                copy,
+            });
+            Ok(Some(Found::new(owner, session, ended, "cluster", stream)))
+        })
+    }
+}
+
+/// A copy found in Redis, to be followed.
+struct CopyStream {
+    cluster: Arc<Cluster>,
+    copy: RemoteCopy,
+}
+
+impl Resume for CopyStream {
+    fn resume(
+        self: Box<Self>,
+        after: Option<u64>,
+        listener: Listener,
+    ) -> BoxFuture<'static, Result<ResponseBody, &'static str>> {
+        Box::pin(async move {
+            self.copy.servable(after)?;
+            let slot = reserve(&self.cluster).await.ok_or("no_follower_slot")?;
+            Ok(follow(self.cluster, self.copy, slot, after, listener))
+        })
+    }
+}
+
 /// A place to follow a copy from: one of `max_remote_followers`, and its connection.
-pub(crate) struct RemoteSlot {
+struct RemoteSlot {
     conn: MultiplexedConnection,
     _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
 /// Takes a follower's place and connects it; `None` when all are taken or Redis cannot
 /// be reached within `connect_timeout` (the re-stream then goes to the Partner).
-pub(crate) async fn reserve(cluster: &Arc<Cluster>) -> Option<RemoteSlot> {
+async fn reserve(cluster: &Arc<Cluster>) -> Option<RemoteSlot> {
     let permit = cluster.remote_followers.clone().try_acquire_owned().ok()?;
     let cfg = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(cluster.settings.connect_timeout))
@@ -138,13 +176,9 @@ pub(crate) async fn reserve(cluster: &Arc<Cluster>) -> Option<RemoteSlot> {
     }
 }
 
-/// How the Leader's stream is read and told.
-pub(crate) struct FollowSettings {
-    pub keepalive: Duration,
-    pub on_failure: OnUpstreamFailure,
-}
-
-struct Follower {
+/// The copy in Redis as a follower's feed: round trips on the follower's own
+/// connection, history first (`XRANGE`), then live (`XREAD BLOCK`).
+struct RedisFeed {
     cluster: Arc<Cluster>,
     keys: ReplayKeys,
     slot: RemoteSlot,
@@ -153,65 +187,52 @@ struct Follower {
     /// Reading what was there when the Leader came (entries without `eventSeq` skipped);
     /// then following live.
     history: bool,
-    out: Emitter,
-    closing: Option<tokio::sync::watch::Receiver<bool>>,
-    keepalive: Duration,
     quiet_since: Instant,
 }
 
 /// A response body following `copy` for a Leader, from after `after`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn follow(
+fn follow(
     cluster: Arc<Cluster>,
     copy: RemoteCopy,
     slot: RemoteSlot,
     after: Option<u64>,
-    id: RpcId,
-    settings: FollowSettings,
-    closing: tokio::sync::watch::Receiver<bool>,
-    tally: Arc<StreamTally>,
+    listener: Listener,
 ) -> ResponseBody {
-    let state = Follower {
+    let feed = RedisFeed {
         cluster,
         keys: copy.keys,
         slot,
         read: after.map(EntryId::of_seq),
         history: true,
-        out: Emitter::new(id, settings.on_failure, tally),
-        closing: Some(closing),
-        keepalive: settings.keepalive,
         quiet_since: Instant::now(),
     };
-    let frames = futures_util::stream::unfold(state, |mut st| async move {
-        loop {
-            if let Some(b) = st.out.pop() {
-                return Some((Ok::<_, BoxError>(Frame::data(b)), st));
-            }
-            if st.out.done {
-                return None;
-            }
-            if st.closing.as_ref().is_some_and(|c| *c.borrow()) {
-                st.out.fail("shutting_down", None, true);
-                continue;
-            }
-            tokio::select! {
-                r = closing_changed(&mut st.closing) => {
-                    if r.is_err() {
-                        st.closing = None;
-                    }
-                }
-                page = fetch(&st.cluster, &st.keys, &mut st.slot.conn, st.read, st.history, st.keepalive) => match page {
-                    Ok(page) => st.take(page),
-                    Err(e) => {
-                        tracing::debug!(error = %e, key = %st.keys.events, "reading a stream from Redis failed");
-                        st.cluster.count_error("replay_read");
-                        st.out.fail("replay_unavailable", None, true);
-                    }
-                },
+    follow::body(feed, listener)
+}
+
+impl Feed for RedisFeed {
+    fn take_ready(&mut self, _out: &mut Emitter) {
+        // Nothing is here before a round trip.
+    }
+
+    async fn wait<'a>(&'a mut self, out: &'a mut Emitter, keepalive: Duration) {
+        let page = fetch(
+            &self.cluster,
+            &self.keys,
+            &mut self.slot.conn,
+            self.read,
+            self.history,
+            keepalive,
+        )
+        .await;
+        match page {
+            Ok(page) => self.take(page, out, keepalive),
+            Err(e) => {
+                tracing::debug!(error = %e, key = %self.keys.events, "reading a stream from Redis failed");
+                self.cluster.count_error("replay_read");
+                out.fail("replay_unavailable", None, true);
             }
         }
-    });
-    StreamBody::new(Box::pin(frames)).boxed_unsync()
+    }
 }
 
 /// One round trip's answer.
@@ -296,9 +317,9 @@ async fn fetch(
     }
 }
 
-impl Follower {
+impl RedisFeed {
     /// Sends what a round trip read, and ends the stream where the copy says so.
-    fn take(&mut self, page: Page) {
+    fn take(&mut self, page: Page, out: &mut Emitter, keepalive: Duration) {
         let full = page.entries.len() >= self.cluster.settings.replay.batch_events;
         let mut end = None;
         for (id, kind, data, id_start, id_len) in page.entries {
@@ -310,7 +331,7 @@ impl Follower {
                     if seq == NO_SEQ && self.history {
                         continue; // live before this Leader came
                     }
-                    self.out.push_event(&Entry {
+                    out.push_event(&Entry {
                         seq,
                         bytes: data,
                         id_start,
@@ -320,30 +341,30 @@ impl Follower {
                 }
             }
         }
-        self.out.flush();
+        out.flush();
         if let Some(end) = end {
-            self.out.ended(end);
+            out.ended(end);
             return;
         }
         let read = self.read;
         if trimmed_past(page.trimmed, read, self.history) {
-            self.out.fail("events_evicted", None, true);
+            out.fail("events_evicted", None, true);
             return;
         }
         if page.broken {
-            self.out.fail("replay_gap", None, true);
+            out.fail("replay_gap", None, true);
             return;
         }
         if !page.ended && !page.leased {
             // The recorder died or lost Redis: its stream is not known to go on.
-            self.out.fail("recorder_lost", None, true);
+            out.fail("recorder_lost", None, true);
             return;
         }
         if self.history && !full {
             self.history = false;
         }
-        if self.quiet_since.elapsed() >= self.keepalive {
-            self.out.keepalive();
+        if self.quiet_since.elapsed() >= keepalive {
+            out.keepalive();
             self.quiet_since = Instant::now();
         }
     }

@@ -36,8 +36,10 @@ use crate::ratelimit::concurrency::{InFlightPermit, KeyedPermit};
 use crate::relay_body::SseTail;
 use crate::relay_body::{hold, is_event_stream, relay_response};
 use crate::routing::Partner;
+use crate::sse::follow::Listener;
 use crate::sse::relay::{follow, record_upstream};
 use crate::sse::replay::{StreamEnd, StreamKey, StreamMeta};
+use crate::sse::source;
 
 /// What a `stream` request says, copied out of the borrowed envelope.
 pub(crate) struct StreamRequest {
@@ -250,9 +252,9 @@ enum Served {
 }
 
 /// Serves a `re-stream` from this instance's buffer, or else (cluster mode) from the copy
-/// another instance wrote to Redis, when either holds every event after `lastEventSeq`;
-/// only the AIC that started the stream may (and with the same `sessionId`, when both are
-/// given).
+/// another instance wrote to Redis, when the first of them that holds the stream holds
+/// every event after `lastEventSeq`; only the AIC that started the stream may (and with
+/// the same `sessionId`, when both are given).
 async fn from_buffer(
     snap: &Snapshot,
     key: &StreamKey,
@@ -261,68 +263,41 @@ async fn from_buffer(
     id: &RpcId,
     work: Work,
 ) -> Result<Served, GatewayError> {
+    let memory = source::Memory(&*snap.replay);
+    let shared = snap
+        .cluster
+        .as_ref()
+        .filter(|c| c.shares_replay())
+        .map(restream::Shared);
+    let mut sources: Vec<&dyn source::ReplaySource> = vec![&memory];
+    sources.extend(shared.as_ref().map(|s| s as &dyn source::ReplaySource));
+    let Some(found) = source::find(&sources, key).await else {
+        return Ok(Served::Forward(work));
+    };
+    let is_owner = found.owner == Some(identity.aic);
+    check_owner(key, is_owner, found.session.as_deref(), req)?;
+    // Nothing goes to the Partner; a live stream's recorder already counts it, a
+    // finished one is counted while this Leader reads it.
+    let permit = finished_permit(snap, identity, found.ended)?;
+    let served_by = found.served_by;
     let settings = snap.config.stream;
-    if let Some(record) = snap.replay.find(key) {
-        let meta = record.meta();
-        let is_owner = meta.owner == identity.aic;
-        check_owner(key, is_owner, meta.session_id.as_deref(), req)?;
-        let Ok(cursor) = record.cursor_after(req.last_event_seq) else {
-            tracing::debug!(task = %key.task_id, "re-stream needs evicted events: forwarding");
+    let listener = Listener {
+        id: id.clone(),
+        keepalive: settings.keepalive_interval,
+        on_failure: settings.on_upstream_failure,
+        closing: snap.closing.subscribe(),
+        tally: work.tally.clone(),
+    };
+    let body = match found.resume(req.last_event_seq, listener).await {
+        Ok(body) => body,
+        Err(why) => {
+            tracing::debug!(task = %key.task_id, served_by, why, "re-stream not served from a buffer: forwarding");
             return Ok(Served::Forward(work));
-        };
-        // Nothing goes to the Partner; a live record's recorder already counts the
-        // stream, a finished one is counted while this Leader reads it.
-        let permit = finished_permit(snap, identity, record.is_finished())?;
-        drop(work.in_flight);
-        tracing::debug!(task = %key.task_id, after = ?req.last_event_seq, "re-stream served from the buffer");
-        restreamed(snap, "gateway");
-        let body = follow(
-            record,
-            cursor,
-            id.clone(),
-            settings.keepalive_interval,
-            snap.closing.subscribe(),
-            work.tally,
-            settings.on_upstream_failure,
-        );
-        return Ok(Served::Answered(sse_response(counted(
-            snap,
-            hold(body, permit),
-        ))));
-    }
-    let Some(cluster) = snap.cluster.as_ref().filter(|c| c.shares_replay()) else {
-        return Ok(Served::Forward(work));
-    };
-    // Redis down or slow: forwarded, as with no copy.
-    let Ok(Some(copy)) = restream::find(cluster, key).await else {
-        return Ok(Served::Forward(work));
-    };
-    let is_owner = copy.owner == identity.aic.to_string();
-    check_owner(key, is_owner, copy.session.as_deref(), req)?;
-    if let Err(why) = copy.servable(req.last_event_seq) {
-        tracing::debug!(task = %key.task_id, why, "re-stream not served from Redis: forwarding");
-        return Ok(Served::Forward(work));
-    }
-    let permit = finished_permit(snap, identity, copy.ended)?;
-    let Some(slot) = restream::reserve(cluster).await else {
-        return Ok(Served::Forward(work));
+        }
     };
     drop(work.in_flight);
-    tracing::debug!(task = %key.task_id, after = ?req.last_event_seq, "re-stream served from Redis");
-    restreamed(snap, "cluster");
-    let body = restream::follow(
-        cluster.clone(),
-        copy,
-        slot,
-        req.last_event_seq,
-        id.clone(),
-        restream::FollowSettings {
-            keepalive: settings.keepalive_interval,
-            on_failure: settings.on_upstream_failure,
-        },
-        snap.closing.subscribe(),
-        work.tally,
-    );
+    tracing::debug!(task = %key.task_id, after = ?req.last_event_seq, served_by, "re-stream served from a buffer");
+    restreamed(snap, served_by);
     Ok(Served::Answered(sse_response(counted(
         snap,
         hold(body, permit),

@@ -4,9 +4,11 @@
 pub(crate) mod count;
 pub(crate) mod emit;
 pub(crate) mod event;
+pub(crate) mod follow;
 pub(crate) mod memory;
 pub(crate) mod relay;
 pub(crate) mod replay;
 mod scan;
 mod slots;
+pub(crate) mod source;
 pub(crate) mod splitter;

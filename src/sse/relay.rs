@@ -12,16 +12,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body::{Body, Frame};
-use http_body_util::{BodyExt, StreamBody};
+use http_body::Body;
+use http_body_util::BodyExt;
 use tokio::time::Instant;
 
 pub use super::emit::OnUpstreamFailure;
-use super::emit::{closing_changed, Emitter};
 use super::event::inspect;
 use super::replay::{Cursor, Entry, StreamEnd, StreamRecord, NO_SEQ};
 use super::splitter::{RawEvent, Splitter};
-use crate::body::{BoxError, ResponseBody};
+use crate::body::ResponseBody;
 use crate::jsonrpc::reply::RpcId;
 use crate::outcome::StreamTally;
 
@@ -142,18 +141,6 @@ fn append_all(record: &dyn StreamRecord, events: &mut Vec<RawEvent>) -> bool {
     terminal
 }
 
-struct Follower {
-    /// The gateway's shutdown signal (`None` once its sender is gone).
-    closing: Option<tokio::sync::watch::Receiver<bool>>,
-    record: Arc<dyn StreamRecord>,
-    cursor: Cursor,
-    changes: tokio::sync::watch::Receiver<u64>,
-    out: Emitter,
-    scratch: Vec<Entry>,
-    keepalive: Duration,
-    _guard: super::replay::FollowerGuard,
-}
-
 /// A response body following `record` from `cursor`. Every event gets an `id: <eventSeq>`
 /// line, and its JSON-RPC id is replaced by `id` when they differ (spliced into the
 /// event's own bytes, never re-serialized). An abnormal end (unless `on_failure` is
@@ -169,63 +156,14 @@ pub fn follow(
     tally: Arc<StreamTally>,
     on_failure: OnUpstreamFailure,
 ) -> ResponseBody {
-    let state = Follower {
-        closing: Some(closing),
-        changes: record.changes(),
-        _guard: record.clone().follow(),
-        record,
-        cursor,
-        out: Emitter::new(id, on_failure, tally),
-        scratch: Vec::new(),
+    let listener = super::follow::Listener {
+        id,
         keepalive,
+        on_failure,
+        closing,
+        tally,
     };
-    let frames = futures_util::stream::unfold(state, |mut st| async move {
-        loop {
-            if let Some(b) = st.out.pop() {
-                return Some((Ok::<_, BoxError>(Frame::data(b)), st));
-            }
-            if st.out.done {
-                return None;
-            }
-            // Marked seen before reading: an append after the read still wakes us.
-            st.changes.borrow_and_update();
-            match st.record.read(&mut st.cursor, &mut st.scratch) {
-                Ok(end) => {
-                    for e in &st.scratch {
-                        st.out.push_event(e);
-                    }
-                    st.out.flush();
-                    st.scratch.clear();
-                    if let Some(end) = end {
-                        st.out.ended(end);
-                    }
-                }
-                Err(gap) => st.out.fail("events_evicted", gap.first_available_seq, true),
-            }
-            if st.out.has_frames() || st.out.done {
-                continue;
-            }
-            if st.closing.as_ref().is_some_and(|c| *c.borrow()) {
-                // The gateway is shutting down and the drain time is over.
-                st.out.fail("shutting_down", None, true);
-                continue;
-            }
-            tokio::select! {
-                r = closing_changed(&mut st.closing) => {
-                    if r.is_err() {
-                        st.closing = None; // no shutdown signal any more
-                    }
-                }
-                r = st.changes.changed() => {
-                    if r.is_err() {
-                        st.out.done = true;
-                    }
-                }
-                _ = tokio::time::sleep(st.keepalive) => st.out.keepalive(),
-            }
-        }
-    });
-    StreamBody::new(Box::pin(frames)).boxed_unsync()
+    super::follow::body(super::follow::RecordFeed::new(record, cursor), listener)
 }
 
 #[cfg(test)]
@@ -235,6 +173,8 @@ mod tests {
     use crate::sse::emit::COALESCE_MAX;
     use crate::sse::memory::{MemoryStore, ReplayLimits};
     use crate::sse::replay::{ReplayStore, StreamKey, StreamMeta};
+    use http_body::Frame;
+    use http_body_util::StreamBody;
     use std::convert::Infallible;
 
     fn never_closing() -> tokio::sync::watch::Receiver<bool> {
