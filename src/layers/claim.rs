@@ -27,13 +27,16 @@ pub(super) type AnswerBody = UnsyncBoxBody<Bytes, BoxError>;
 /// answer from being read, so a refusal still releases the claim and an acceptance keeps
 /// it. Bounded as any answer is: `upstream.response_timeout` for the head,
 /// `upstream.body_idle_timeout` for each pause of the body, `limits.max_body_bytes` for
-/// what is read to judge it.
-pub(super) async fn send_start(
+/// what is read to judge it. `held` (the permits counting the request) goes with the
+/// work: handed back with the answer, or released when the task ends without a Leader
+/// to answer.
+pub(super) async fn send_start<G: Send + 'static>(
     partner: Arc<Partner>,
     req: Request<Full<Bytes>>,
     mut claim: PendingClaim,
     cfg: Arc<Config>,
-) -> Result<Response<AnswerBody>, GatewayError> {
+    held: G,
+) -> Result<(Response<AnswerBody>, G), GatewayError> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         claim.sent();
@@ -46,8 +49,8 @@ pub(super) async fn send_start(
                 Err(e)
             }
         };
-        // The Leader gone: the answer goes here, its claim already settled.
-        let _ = tx.send(answer);
+        // The Leader gone: the answer and the permits go here, the claim already settled.
+        let _ = tx.send(answer.map(|resp| (resp, held)));
     });
     rx.await
         .unwrap_or(Err(GatewayError::Internal { reason: "panic" }))

@@ -247,8 +247,8 @@ async fn forward_boxed(mut x: Exchange<()>, p: Prepared, work: Work) -> Outcome 
         }
         Work::Claim(claim) => {
             let cfg = snap.config.clone();
-            match claim::send_start(partner.clone(), p.upstream, claim, cfg).await {
-                Ok(resp) => Ok(relay(&mut x, resp, p.in_flight)),
+            match claim::send_start(partner.clone(), p.upstream, claim, cfg, p.in_flight).await {
+                Ok((resp, in_flight)) => Ok(relay(&mut x, resp, in_flight)),
                 Err(e) => Err(e),
             }
         }

@@ -122,41 +122,42 @@ pub(crate) async fn handle(
         req,
         id,
         tally: work.tally,
-        held,
     };
     match work.claim {
         Some(claim) => {
             let cfg = snap.config.clone();
-            let resp = super::claim::send_start(partner.clone(), upstream, claim, cfg).await?;
-            Ok(answer.relay(snap, partner, identity, resp))
+            let (resp, held) =
+                super::claim::send_start(partner.clone(), upstream, claim, cfg, held).await?;
+            Ok(answer.relay(snap, partner, identity, resp, held))
         }
         None => {
             let resp = partner.pool.send(upstream).await?;
-            Ok(answer.relay(snap, partner, identity, resp))
+            Ok(answer.relay(snap, partner, identity, resp, held))
         }
     }
 }
 
 /// What a `stream` request's answer is relayed with.
-struct Answered<G> {
+struct Answered {
     key: Option<StreamKey>,
     req: StreamRequest,
     id: RpcId,
     tally: Arc<StreamTally>,
-    held: G,
 }
 
-impl<G: Send + Unpin + 'static> Answered<G> {
+impl Answered {
     /// A recordable event stream goes through the replay buffer; any other answer is
     /// relayed as it is, the permits held by its body.
-    fn relay<B>(
+    fn relay<B, G>(
         self,
         snap: &Snapshot,
         partner: &Arc<Partner>,
         identity: &PeerIdentity,
         resp: Response<B>,
+        held: G,
     ) -> Response<ResponseBody>
     where
+        G: Send + Unpin + 'static,
         B: http_body::Body<Data = Bytes> + Unpin + Send + 'static,
         B::Error: Into<crate::body::BoxError> + Send,
     {
@@ -166,7 +167,6 @@ impl<G: Send + Unpin + 'static> Answered<G> {
             req,
             id,
             tally,
-            held,
         } = self;
         let is_sse = resp.status() == StatusCode::OK && is_event_stream(resp.headers());
         let idle = snap.config.upstream.body_idle_timeout;

@@ -410,3 +410,49 @@ async fn a_stream_start_answered_with_a_result_claims_its_task() {
     assert_eq!(r.error(), (-32009, "not_task_owner".into()));
     assert_eq!(partner.seen(), ["start json-stream"]);
 }
+
+/// A start whose Leader left is still work at the Partner: it keeps its Partner
+/// in-flight permit until its answer is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_whose_leader_left_holds_its_permit() {
+    let pki = Pki::new();
+    let partner = Scripted::start().await;
+    let gw = start_gateway(&pki.config(
+        "",
+        &partner_block(
+            "p",
+            "/p",
+            &partner.url(),
+            "[partner.limits]\nmax_in_flight = 1",
+        ),
+    ))
+    .await;
+    let a = pki.leader(LEADER_A, true);
+    let b = pki.leader(LEADER_B, false);
+    let hanging = send_and_hang(
+        &a,
+        gw.addr,
+        "/p/rpc",
+        command("rpc", "a1", LEADER_A, "busy", "start"),
+    )
+    .await;
+    let id = partner.next_start().await;
+    drop(hanging);
+    metric(&gw, "aipgw_open_connections", 0.0).await;
+    let get = command("rpc", "b1", LEADER_B, "other", "get");
+    let r = b.post(gw.addr, "/p/rpc", &get).await.unwrap();
+    assert_eq!(
+        (r.status.as_u16(), r.error().1),
+        (429, "partner_in_flight".into()),
+        "the start is still at the Partner"
+    );
+    partner.answer(&id, Answer::result());
+    metric(&gw, &claims("accepted"), 1.0).await;
+    // The permit goes back as the start's task ends, just after the claim was settled.
+    within(10, async {
+        while b.post(gw.addr, "/p/rpc", &get).await.unwrap().status != 200 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+}
