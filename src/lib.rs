@@ -84,6 +84,7 @@ pub(crate) mod access_log;
 pub mod admin;
 pub(crate) mod allocator;
 pub(crate) mod answer;
+pub mod background;
 pub mod body;
 pub mod cli;
 pub mod cluster;

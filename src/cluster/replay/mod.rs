@@ -109,6 +109,10 @@ pub(crate) struct Mirror {
     rx: Mutex<Option<mpsc::Receiver<Op>>>,
     live: Mutex<HashMap<u64, Weak<MirrorStream>>>,
     next: AtomicU64,
+    /// Ops queued, and ops the writer has handled (written, or dropped with their
+    /// stream's copy): the queue is flushed when the second catches up with the first.
+    queued: AtomicU64,
+    handled: AtomicU64,
 }
 
 impl Mirror {
@@ -119,6 +123,8 @@ impl Mirror {
             rx: Mutex::new(Some(rx)),
             live: Mutex::default(),
             next: AtomicU64::new(0),
+            queued: AtomicU64::new(0),
+            handled: AtomicU64::new(0),
         }
     }
 
@@ -150,9 +156,15 @@ impl Cluster {
 
     /// Waits (at most `within`) until the write queue is empty, so the ends of the
     /// streams closed at shutdown reach Redis.
+    ///
+    /// Flushed means handled, not merely taken off the queue: a batch the writer holds
+    /// is waited for too (stopping the writer then would cut its round trip).
     pub(crate) async fn replay_flushed(&self, within: Duration) {
         let deadline = tokio::time::Instant::now() + within;
-        while self.mirror.depth() > 0 && tokio::time::Instant::now() < deadline {
+        let queued = self.mirror.queued.load(Ordering::Acquire);
+        while self.mirror.handled.load(Ordering::Acquire) < queued
+            && tokio::time::Instant::now() < deadline
+        {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
@@ -163,7 +175,9 @@ impl Cluster {
             return;
         }
         match self.mirror.tx.try_send(op) {
-            Ok(()) => {}
+            Ok(()) => {
+                self.mirror.queued.fetch_add(1, Ordering::AcqRel);
+            }
             Err(mpsc::error::TrySendError::Full(_)) => self.break_copy(&stream, "queue_full"),
             Err(mpsc::error::TrySendError::Closed(_)) => self.break_copy(&stream, "write_failed"),
         }

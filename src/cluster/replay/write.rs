@@ -98,7 +98,9 @@ pub(crate) async fn write_loop(cluster: Arc<Cluster>) {
             .metrics
             .replay_write_queue_depth
             .set(cluster.mirror.depth() as i64);
+        let taken = batch.len() as u64;
         write(&cluster, std::mem::take(&mut batch)).await;
+        cluster.mirror.handled.fetch_add(taken, Ordering::AcqRel);
         batch.reserve(n);
     }
 }

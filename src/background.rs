@@ -1,0 +1,115 @@
+//! Background work, owned in one place: every task that runs beside the listener, and
+//! the order in which they stop.
+//!
+//! [`Background::start`] starts the gateway's own loops: the upkeep timer and, in cluster
+//! mode, the stream-lease renewal, the task-owner republishing, the quota sync, the
+//! replay copies' lease loop and their writer. Operator services (the admin listener,
+//! the reload watcher) are added with [`Background::spawn`]. The listener
+//! (`server::listen`) only accepts and drains; once it returned (nothing accepted any
+//! more, the open connections drained or cut), [`Background::shutdown`] stops the rest in
+//! order:
+//!
+//! 1. the replay writer's queue is flushed (within `cluster.replay.flush_timeout`), so
+//!    the ends of the streams the drain closed reach Redis, and the writer stops;
+//! 2. the loops stop: until then stream leases, replay leases and task owners were kept
+//!    alive in Redis, for the streams the drain was still serving;
+//! 3. the services stop (the admin listener answered `/readyz` with 503 all along).
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::cluster::Cluster;
+use crate::gateway::Gateway;
+
+/// One step of [`Background::shutdown`], in the order taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// The replay writer's queue was flushed and the writer stopped (cluster mode with a
+    /// shared replay only).
+    ReplayFlushed,
+    /// The upkeep timer and the cluster loops stopped.
+    LoopsStopped,
+    /// The operator services stopped.
+    ServicesStopped,
+}
+
+/// Every task beside the listener (see the module documentation).
+pub struct Background {
+    /// The replay writer and the cluster it writes to.
+    writer: Option<(JoinHandle<()>, Arc<Cluster>)>,
+    /// The upkeep timer and the cluster loops.
+    loops: JoinSet<()>,
+    /// The admin listener, the reload watcher.
+    services: JoinSet<()>,
+}
+
+impl Background {
+    /// Starts the gateway's own loops (on the current runtime).
+    pub fn start(gateway: &Arc<Gateway>) -> Background {
+        let snap = gateway.snapshot();
+        let mut loops = JoinSet::new();
+        loops.spawn(crate::upkeep::run(gateway.clone()));
+        let mut writer = None;
+        if let Some(c) = snap.cluster.clone() {
+            loops.spawn(crate::cluster::streams::renew_loop(c.clone()));
+            loops.spawn(crate::cluster::tasks::republish_loop(
+                c.clone(),
+                snap.tasks.clone(),
+            ));
+            let g = gateway.clone();
+            loops.spawn(crate::cluster::ratelimit::sync_loop(c.clone(), move || {
+                g.snapshot().limiter.clone()
+            }));
+            if c.shares_replay() {
+                loops.spawn(crate::cluster::replay::lease_loop(c.clone()));
+                let handle = tokio::spawn(crate::cluster::replay::write_loop(c.clone()));
+                writer = Some((handle, c));
+            }
+        }
+        Background {
+            writer,
+            loops,
+            services: JoinSet::new(),
+        }
+    }
+
+    /// Runs an operator service (admin listener, reload watcher) until the shutdown's
+    /// last step.
+    pub fn spawn(&mut self, service: impl Future<Output = ()> + Send + 'static) {
+        self.services.spawn(service);
+    }
+
+    /// Stops everything in order (see the module documentation), after the listener has
+    /// drained; the steps taken, in order.
+    pub async fn shutdown(mut self) -> Vec<Step> {
+        let mut steps = Vec::with_capacity(3);
+        if let Some((writer, cluster)) = self.writer.take() {
+            cluster
+                .replay_flushed(cluster.settings().replay.flush_timeout)
+                .await;
+            writer.abort();
+            let _ = writer.await;
+            tracing::debug!("shutdown: replay writer flushed");
+            steps.push(Step::ReplayFlushed);
+        }
+        self.loops.shutdown().await;
+        tracing::debug!("shutdown: background loops stopped");
+        steps.push(Step::LoopsStopped);
+        self.services.shutdown().await;
+        tracing::debug!("shutdown: services stopped");
+        steps.push(Step::ServicesStopped);
+        steps
+    }
+}
+
+impl Drop for Background {
+    /// Dropped without [`Background::shutdown`] (a panic, a test): nothing outlives it.
+    fn drop(&mut self) {
+        if let Some((writer, _)) = &self.writer {
+            writer.abort();
+        }
+        // The JoinSets abort their tasks when dropped.
+    }
+}
