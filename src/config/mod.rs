@@ -96,6 +96,8 @@ pub struct ListenerConfig {
     pub http2_max_concurrent_streams: u32,
     pub http2_keepalive_timeout: Duration,
     pub max_handshakes_per_ip: usize,
+    pub max_connections_per_ip: usize,
+    pub unverified_idle_timeout: Duration,
     pub drain_timeout: Duration,
     pub error_status: raw::ErrorStatus,
     pub tls_session_cache: usize,

@@ -430,6 +430,14 @@ pub struct RawListener {
     /// are closed at once (they count against `max_connections` meanwhile).
     #[serde(default = "default_handshakes_per_ip")]
     pub max_handshakes_per_ip: usize,
+    /// Open connections from one source address, at most, for their whole life (the
+    /// handshake included); more are closed at once.
+    #[serde(default = "default_connections_per_ip")]
+    pub max_connections_per_ip: usize,
+    /// Close a connection without a verified AIC after this long with no request in
+    /// flight (instead of `idle_timeout`).
+    #[serde(default = "d5s", with = "humantime_serde")]
+    pub unverified_idle_timeout: Duration,
     /// Time open requests get to finish at shutdown.
     #[serde(default = "d30s", with = "humantime_serde")]
     pub drain_timeout: Duration,
@@ -799,6 +807,9 @@ fn d20s() -> Duration {
 }
 fn default_handshakes_per_ip() -> usize {
     64
+}
+fn default_connections_per_ip() -> usize {
+    256
 }
 fn d10s() -> Duration {
     Duration::from_secs(10)

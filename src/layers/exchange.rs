@@ -35,6 +35,9 @@ pub struct ConnInfo {
     pub sni: Option<String>,
     /// `x-forwarded-for` and `forwarded` for the Partner, made once per connection.
     pub(crate) forwarded: [HeaderValue; 2],
+    /// Set by `Authenticate` when it refused a request for want of a verified AIC that
+    /// is not blocked: the listener closes the connection after that answer.
+    pub(crate) auth_refused: std::sync::atomic::AtomicBool,
 }
 
 impl ConnInfo {
@@ -45,6 +48,7 @@ impl ConnInfo {
             identity,
             sni,
             forwarded: forwarded_values(peer),
+            auth_refused: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
