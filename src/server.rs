@@ -11,11 +11,11 @@
 //! `run` takes an already-bound listener, so tests bind `127.0.0.1:0` and read the port.
 //! Must not: look inside requests (that is `layers`).
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Wake, Waker};
@@ -262,7 +262,8 @@ async fn make_room(
         if idle.close_one() {
             closed(&gateway.snapshot().metrics, "evicted_idle");
         }
-        if let Ok(p) = tokio::time::timeout(MAKE_ROOM_RETRY, permits.clone().acquire_owned()).await {
+        if let Ok(p) = tokio::time::timeout(MAKE_ROOM_RETRY, permits.clone().acquire_owned()).await
+        {
             return Ok(p?);
         }
     }
@@ -415,10 +416,23 @@ async fn serve_connection(
                     .http_errors
                     .get_or_create(&ReasonLabels { reason })
                     .inc();
-                match &aic {
-                    Some(aic) => tracing::warn!(%peer, %aic, reason, error = %e, "malformed HTTP refused"),
-                    None => tracing::warn!(%peer, reason, error = %e, "malformed HTTP refused"),
-                }
+                // A line of the access log, so an audit sees every refused request.
+                let status: u16 = match reason {
+                    "head_too_large" => 431,
+                    "uri_too_long" => 414,
+                    "http2_protocol" => 0,
+                    _ => 400,
+                };
+                let aic = aic.as_ref().map_or("", |a| a.as_str());
+                tracing::info!(
+                    target: "aipgw::access",
+                    peer = %peer,
+                    aic,
+                    status,
+                    reason,
+                    error = %e,
+                    "malformed HTTP refused"
+                );
             }
             None => tracing::debug!(%peer, error = %e, "connection ended with an error"),
         },
@@ -878,7 +892,10 @@ mod tests {
         let start = Instant::now();
         let limit = Duration::from_secs(60);
         let quiet_conn = Activity::new(true);
-        let driven = tokio::time::timeout(limit, drive(quiet.clone(), &quiet_conn, bounds(idle), drain));
+        let driven = tokio::time::timeout(
+            limit,
+            drive(quiet.clone(), &quiet_conn, bounds(idle), drain),
+        );
         driven.await.expect("the idle watcher never closed it");
         assert_eq!(quiet.asked().map(|t| t - start), Some(idle));
         assert_eq!(

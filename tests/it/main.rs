@@ -4,6 +4,7 @@
 mod auth;
 mod cluster;
 mod cluster_replay;
+mod conn_slots;
 mod demo;
 mod embedded;
 mod enforcement;
