@@ -123,8 +123,8 @@ pub async fn run_on(
         let Some((tcp, peer, permit)) = next else {
             continue;
         };
-        let Some(held) = per_ip.try_take(&peer.ip()) else {
-            tracing::info!(%peer, "too many connections from this address: closed");
+        let Some(open) = per_ip.try_take(&peer.ip()) else {
+            tracing::debug!(%peer, "too many connections from this address: closed");
             closed(&gateway.snapshot().metrics, "per_ip_limit");
             drop(tcp);
             continue;
@@ -152,7 +152,7 @@ pub async fn run_on(
         let held = ConnSlots {
             permit,
             handshake: slot,
-            per_ip: held,
+            per_ip: open,
             idle,
         };
         match &workers {
@@ -368,11 +368,10 @@ async fn serve_connection(
     let stack = layers::stack(gateway, conn.clone(), Forward);
     let svc = {
         let activity = activity.clone();
-        let metrics = metrics.clone();
         service_fn(move |req| {
             let guard = activity.begin();
             let answer = stack.clone().oneshot(req);
-            let (activity, conn, metrics) = (activity.clone(), conn.clone(), metrics.clone());
+            let conn = conn.clone();
             async move {
                 let mut resp = answer.await?;
                 // Refused for want of a verified AIC (or a blocked one): this answer is
@@ -384,9 +383,7 @@ async fn serve_connection(
                             http::HeaderValue::from_static("close"),
                         );
                     }
-                    if activity.ask(Asked::Reply) {
-                        closed(&metrics, "unverified_reply");
-                    }
+                    guard.0.ask(Asked::Reply);
                 }
                 // The request counts as active until its response body ends.
                 Ok::<_, Infallible>(resp.map(|body| Held::new(body, guard)))
@@ -408,9 +405,16 @@ async fn serve_connection(
             .keep_alive(true);
         drive(b.serve_connection(io, svc), &activity, bounds, drain).await
     };
+    let (why, ended) = ended;
+    // Counted here, not on the request path: hyper may end an HTTP/1.1 connection with
+    // `Connection: close` before `drive` sees the ask.
+    if activity.why() == Asked::Reply {
+        closed(&metrics, "unverified_reply");
+    } else if why == Some(Why::Idle) && !verified {
+        closed(&metrics, "unverified_idle");
+    }
     match ended {
-        (Some(Why::Idle), _) if !verified => closed(&metrics, "unverified_idle"),
-        (_, Err(e)) => match protocol_error(&e) {
+        Err(e) => match protocol_error(&e) {
             Some(reason) => {
                 metrics
                     .http_errors
@@ -436,7 +440,7 @@ async fn serve_connection(
             }
             None => tracing::debug!(%peer, error = %e, "connection ended with an error"),
         },
-        _ => {}
+        Ok(()) => {}
     }
 }
 
