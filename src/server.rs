@@ -970,4 +970,32 @@ mod tests {
         // The last ended at 6 s: idle at 8 s.
         assert_eq!(watcher.await.unwrap(), Some(Duration::from_secs(8)));
     }
+    /// A full listener closes the connection idle longest, those without a verified AIC
+    /// first; one with a request in flight, or already asked, is never picked.
+    #[tokio::test(start_paused = true)]
+    async fn the_idle_connection_closed_first_is_unverified_then_oldest() {
+        let conns = IdleConns::new(2);
+        let verified_old = Arc::new(Activity::new(true));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let unverified = Arc::new(Activity::new(false));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let verified_new = Arc::new(Activity::new(true));
+        let busy_unverified = Arc::new(Activity::new(false));
+        let _busy = busy_unverified.begin();
+        let _entries: Vec<_> = [&verified_new, &busy_unverified, &unverified, &verified_old]
+            .into_iter()
+            .map(|a| conns.register(a))
+            .collect();
+        let asked = |a: &Activity| a.why.load(Ordering::Acquire) == Asked::Evicted as u8;
+        assert!(conns.close_one());
+        assert!(asked(&unverified) && !asked(&busy_unverified));
+        // The oldest verified one had a request that ended after the newer one started.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        drop(verified_old.begin());
+        assert!(conns.close_one());
+        assert!(asked(&verified_new) && !asked(&verified_old));
+        assert!(conns.close_one());
+        assert!(asked(&verified_old));
+        assert!(!conns.close_one(), "only a busy connection is left");
+    }
 }
