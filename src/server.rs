@@ -413,8 +413,8 @@ async fn serve_connection(
     } else if why == Some(Why::Idle) && !verified {
         closed(&metrics, "unverified_idle");
     }
-    match ended {
-        Err(e) => match protocol_error(&e) {
+    if let Err(e) = ended {
+        match protocol_error(&e) {
             Some(reason) => {
                 metrics
                     .http_errors
@@ -439,8 +439,7 @@ async fn serve_connection(
                 );
             }
             None => tracing::debug!(%peer, error = %e, "connection ended with an error"),
-        },
-        Ok(()) => {}
+        }
     }
 }
 
@@ -750,13 +749,16 @@ impl Activity {
 /// accept side reads them all only when every `max_connections` slot is taken and a new
 /// connection waits.
 struct IdleConns {
-    shards: Box<[Mutex<HashMap<u64, Arc<Activity>>>]>,
+    shards: Box<[Shard]>,
     next: AtomicU64,
 }
 
+/// One worker's connections in [`IdleConns`], by an id of their own.
+type Shard = Mutex<HashMap<u64, Arc<Activity>>>;
+
 /// A connection's entry in [`IdleConns`]; removed on drop.
 struct Registered<'a> {
-    shard: &'a Mutex<HashMap<u64, Arc<Activity>>>,
+    shard: &'a Shard,
     id: u64,
 }
 
