@@ -371,12 +371,15 @@ async fn serve_connection(
         service_fn(move |req| {
             let guard = activity.begin();
             let answer = stack.clone().oneshot(req);
-            let conn = conn.clone();
+            // Looked at after the answer only on a connection unverified at its handshake.
+            let unverified = (!verified).then(|| conn.clone());
             async move {
                 let mut resp = answer.await?;
-                // Refused for want of a verified AIC (or a blocked one): this answer is
-                // the connection's last.
-                if conn.auth_refused.load(Ordering::Relaxed) {
+                // Refused on a connection that had no verified AIC at its handshake:
+                // this answer is its last. (One verified then and refused since, after a
+                // reload or a block, stays open: a later reload may admit it again.)
+                let refused = unverified.is_some_and(|c| c.auth_refused.load(Ordering::Relaxed));
+                if refused {
                     if !h2 {
                         resp.headers_mut().insert(
                             http::header::CONNECTION,

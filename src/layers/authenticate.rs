@@ -3,7 +3,8 @@
 //! goes further without a verified AIC that is not blocked: `-32008` without a
 //! certificate, `-32010` for a rejected or blocked one. A refusal reads the body (bounded
 //! by `limits.max_body_bytes`) only to echo its id, and is counted against the Partner
-//! the path names; the connection is marked so the listener closes it after the answer.
+//! the path names; the connection is marked, so the listener closes it after the answer
+//! when it had no verified AIC at its handshake.
 
 use super::check::{Check, CheckLayer, Checked, Refuse};
 use super::exchange::Exchange;
@@ -36,7 +37,8 @@ impl<B> Check<B> for AuthenticateStep {
             ConnAuth::Missing => GatewayError::AuthenticationRequired,
             ConnAuth::Rejected(e) => GatewayError::InvalidCredential(e),
         };
-        // The listener closes the connection after this answer.
+        // The listener closes the connection after this answer if it had no verified AIC
+        // at its handshake.
         x.conn
             .auth_refused
             .store(true, std::sync::atomic::Ordering::Relaxed);

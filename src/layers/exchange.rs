@@ -36,7 +36,8 @@ pub struct ConnInfo {
     /// `x-forwarded-for` and `forwarded` for the Partner, made once per connection.
     pub(crate) forwarded: [HeaderValue; 2],
     /// Set by `Authenticate` when it refused a request for want of a verified AIC that
-    /// is not blocked: the listener closes the connection after that answer.
+    /// is not blocked: the listener closes a connection that had no verified AIC at its
+    /// handshake after that answer.
     pub(crate) auth_refused: std::sync::atomic::AtomicBool,
 }
 
