@@ -263,6 +263,7 @@ cert = "{d}/gw.pem"
 key = "{d}/gw.key"
 client_ca = ["{d}/ca.pem"]
 max_connections = 1000
+max_connections_per_ip = 1000
 http2_max_concurrent_streams = {per_conn}
 idle_timeout = "10m"
 [replay]

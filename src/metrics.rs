@@ -152,6 +152,12 @@ pub struct Metrics {
     pub handshake_failures: Family<ReasonLabels, Counter>,
     /// TLS handshakes completed, by kind (`full`, `resumed`).
     pub(crate) handshakes: Family<KindLabels, Counter>,
+    /// Connections the gateway closed to keep slots free, by reason: `per_ip_limit`,
+    /// `unverified_idle`, `unverified_reply`, `evicted_idle`.
+    pub connections_closed: Family<ReasonLabels, Counter>,
+    /// Malformed HTTP refused by the protocol layer (hyper's own 400, 414 or 431, or an
+    /// HTTP/2 connection error), by reason.
+    pub http_errors: Family<ReasonLabels, Counter>,
     /// Connections whose certificate gave no identity.
     pub identity_failures: Family<ReasonLabels, Counter>,
     /// Connections whose certificate gave an identity, by AIC form and check.
@@ -212,6 +218,8 @@ impl Metrics {
             worker_connections: Family::default(),
             handshake_failures: Family::default(),
             handshakes: Family::default(),
+            connections_closed: Family::default(),
+            http_errors: Family::default(),
             identity_failures: Family::default(),
             identities: Family::default(),
             policy_refusals: Family::default(),
@@ -277,6 +285,16 @@ impl Metrics {
             "tls_handshake_failures",
             "TLS handshakes that failed or timed out",
             m.handshake_failures.clone(),
+        );
+        r.register(
+            "connections_closed",
+            "Connections the gateway closed to keep connection slots free, by reason: per_ip_limit, unverified_idle, unverified_reply, evicted_idle",
+            m.connections_closed.clone(),
+        );
+        r.register(
+            "http_errors",
+            "Malformed HTTP refused before it became a request (HTTP/1.1 parse errors, HTTP/2 connection errors), by reason",
+            m.http_errors.clone(),
         );
         r.register(
             "identity_failures",

@@ -159,6 +159,8 @@ client_ca = ["{d}/ca.pem"]
 crl = ["{d}/crl.pem"]
 tls_session_cache = {256 if resumption else 0}
 max_connections = 10000
+# Every client is on loopback: one source address.
+max_connections_per_ip = 10000
 
 [runtime]
 {runtime}

@@ -96,6 +96,8 @@ pub struct ListenerConfig {
     pub http2_max_concurrent_streams: u32,
     pub http2_keepalive_timeout: Duration,
     pub max_handshakes_per_ip: usize,
+    pub max_connections_per_ip: usize,
+    pub unverified_idle_timeout: Duration,
     pub drain_timeout: Duration,
     pub error_status: raw::ErrorStatus,
     pub tls_session_cache: usize,
@@ -362,6 +364,8 @@ rpc = "/acps-aip-v1/rpc"
         let c = Config::parse(BASE, Path::new("/etc/aipgw")).unwrap();
         assert_eq!(c.listener.cert, Path::new("/etc/aipgw/certs/gateway.pem"));
         assert_eq!(c.listener.handshake_timeout, Duration::from_secs(10));
+        assert_eq!(c.listener.max_connections_per_ip, 256);
+        assert_eq!(c.listener.unverified_idle_timeout, Duration::from_secs(5));
         assert_eq!(c.max_body_bytes, 1 << 20);
         assert_eq!(c.aic_domain_suffix, "acps.pub");
         let p = &c.partners[0];
@@ -400,6 +404,11 @@ rpc = "/acps-aip-v1/rpc"
                 .replace("[listener]", "[listener]\nhandshake_timeout = \"0s\""),
         );
         assert!(e.contains("listener.handshake_timeout"), "{e}");
+        let e = error_of(&BASE.replace("[listener]", "[listener]\nmax_connections_per_ip = 0"));
+        assert!(e.contains("listener.max_connections_per_ip"), "{e}");
+        let e =
+            error_of(&BASE.replace("[listener]", "[listener]\nunverified_idle_timeout = \"0s\""));
+        assert!(e.contains("listener.unverified_idle_timeout"), "{e}");
     }
 
     #[test]

@@ -416,7 +416,9 @@ pub struct RawListener {
     /// Close a connection with no request in flight for this long.
     #[serde(default = "d60s", with = "humantime_serde")]
     pub idle_timeout: Duration,
-    /// Open client connections at most; more wait in the accept queue.
+    /// Open client connections at most. At the limit, a new connection makes the one
+    /// idle longest close (one without a verified AIC first); it waits in the accept
+    /// queue only while every connection has a request in flight.
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
     /// Concurrent HTTP/2 streams per connection.
@@ -430,6 +432,15 @@ pub struct RawListener {
     /// are closed at once (they count against `max_connections` meanwhile).
     #[serde(default = "default_handshakes_per_ip")]
     pub max_handshakes_per_ip: usize,
+    /// Open connections from one source address, at most, for their whole life (the
+    /// handshake included); more are closed at once.
+    #[serde(default = "default_connections_per_ip")]
+    pub max_connections_per_ip: usize,
+    /// Close a connection without a verified AIC at its handshake after this long with no
+    /// request in flight (instead of `idle_timeout`); after the answer to its refusal it
+    /// is closed, at the latest this long after.
+    #[serde(default = "d5s", with = "humantime_serde")]
+    pub unverified_idle_timeout: Duration,
     /// Time open requests get to finish at shutdown.
     #[serde(default = "d30s", with = "humantime_serde")]
     pub drain_timeout: Duration,
@@ -799,6 +810,9 @@ fn d20s() -> Duration {
 }
 fn default_handshakes_per_ip() -> usize {
     64
+}
+fn default_connections_per_ip() -> usize {
+    256
 }
 fn d10s() -> Duration {
     Duration::from_secs(10)

@@ -47,11 +47,16 @@ impl TryFrom<raw::RawListener> for ListenerConfig {
         positive("listener.body_read_timeout", l.body_read_timeout)?;
         positive("listener.idle_timeout", l.idle_timeout)?;
         positive(
+            "listener.unverified_idle_timeout",
+            l.unverified_idle_timeout,
+        )?;
+        positive(
             "listener.http2_keepalive_timeout",
             l.http2_keepalive_timeout,
         )?;
         at_least_one("listener.max_connections", l.max_connections)?;
         at_least_one("listener.max_handshakes_per_ip", l.max_handshakes_per_ip)?;
+        at_least_one("listener.max_connections_per_ip", l.max_connections_per_ip)?;
         if l.http2_max_concurrent_streams == 0 {
             bail!("listener.http2_max_concurrent_streams: must be at least 1");
         }
@@ -72,6 +77,8 @@ impl TryFrom<raw::RawListener> for ListenerConfig {
             http2_max_concurrent_streams: l.http2_max_concurrent_streams,
             http2_keepalive_timeout: l.http2_keepalive_timeout,
             max_handshakes_per_ip: l.max_handshakes_per_ip,
+            max_connections_per_ip: l.max_connections_per_ip,
+            unverified_idle_timeout: l.unverified_idle_timeout,
             drain_timeout: l.drain_timeout,
             error_status: l.error_status,
             tls_session_cache: l.tls_session_cache,

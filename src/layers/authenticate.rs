@@ -3,7 +3,8 @@
 //! goes further without a verified AIC that is not blocked: `-32008` without a
 //! certificate, `-32010` for a rejected or blocked one. A refusal reads the body (bounded
 //! by `limits.max_body_bytes`) only to echo its id, and is counted against the Partner
-//! the path names.
+//! the path names; the connection is marked, so the listener closes it after the answer
+//! when it had no verified AIC at its handshake.
 
 use super::check::{Check, CheckLayer, Checked, Refuse};
 use super::exchange::Exchange;
@@ -36,6 +37,11 @@ impl<B> Check<B> for AuthenticateStep {
             ConnAuth::Missing => GatewayError::AuthenticationRequired,
             ConnAuth::Rejected(e) => GatewayError::InvalidCredential(e),
         };
+        // The listener closes the connection after this answer if it had no verified AIC
+        // at its handshake.
+        x.conn
+            .auth_refused
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         // Counted against the Partner the path names, without telling the caller
         // whether there is one.
         x.log.partner = super::route::lookup(x).map(|r| r.partner.label.clone());

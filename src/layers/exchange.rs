@@ -35,6 +35,10 @@ pub struct ConnInfo {
     pub sni: Option<String>,
     /// `x-forwarded-for` and `forwarded` for the Partner, made once per connection.
     pub(crate) forwarded: [HeaderValue; 2],
+    /// Set by `Authenticate` when it refused a request for want of a verified AIC that
+    /// is not blocked: the listener closes a connection that had no verified AIC at its
+    /// handshake after that answer.
+    pub(crate) auth_refused: std::sync::atomic::AtomicBool,
 }
 
 impl ConnInfo {
@@ -45,6 +49,7 @@ impl ConnInfo {
             identity,
             sni,
             forwarded: forwarded_values(peer),
+            auth_refused: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }

@@ -5,6 +5,7 @@ mod auth;
 mod claims;
 mod cluster;
 mod cluster_replay;
+mod conn_slots;
 mod demo;
 mod embedded;
 mod enforcement;

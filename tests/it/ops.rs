@@ -87,6 +87,15 @@ impl std::io::Write for Capture {
 }
 
 impl Capture {
+    /// Every access-log line captured so far, of every test.
+    pub fn all_lines(&self) -> Vec<serde_json::Value> {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["target"] == "aipgw::access")
+            .collect()
+    }
+
     /// This test's access lines (its Partners are named `logged-*`; other tests log too).
     pub fn access_lines(&self) -> Vec<serde_json::Value> {
         String::from_utf8_lossy(&self.0.lock().unwrap())

@@ -133,12 +133,33 @@ async fn slow_headers_after_keep_alive_requests_are_disconnected() {
     assert_eq!(partner.seen().len(), 3);
 }
 
+/// Every slot busy (a request in flight: an idle connection would be closed to make
+/// room, `conn_slots`), a new client waits until one is given back.
 #[tokio::test]
 async fn max_connections_holds_extra_clients_in_the_queue() {
     let pki = Pki::new();
-    let gw = start_gateway(&pki.config("max_connections = 1", "")).await;
+    let partner = TestPartner::start(Behaviour::Hang).await;
+    let gw = start_gateway(&pki.config(
+        "max_connections = 1",
+        &partner_block("p", "/p", &partner.url(), ""),
+    ))
+    .await;
     let leader = pki.leader(LEADER_A, false);
-    let first = leader.connect(gw.addr).await.unwrap();
+    let mut first = leader.connect(gw.addr).await.unwrap();
+    // A request the Partner never answers, in flight once the Partner has it.
+    let body = rpc_start("1", LEADER_A, "t");
+    let req = format!(
+        "POST /p/rpc HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    first.write_all(req.as_bytes()).await.unwrap();
+    first.flush().await.unwrap();
+    within(5, async {
+        while partner.seen().is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
     // The second client is accepted by the kernel but not served: its handshake stalls.
     let second = tokio::spawn({
         let leader = leader.clone();
