@@ -34,7 +34,12 @@
 //! `demo` with the `dev` feature; `test_util` (what the benches and tests drive) with
 //! `test-util`. Every other module is crate-internal.
 //! - [`config`]: TOML -> validated [`config::Config`]; nothing is re-checked per request.
-//! - [`server`]: accept loop, handshake timeout, connection cap, idle and drain handling.
+//! - [`server`]: the listening side only: accept loop, handshake timeout, connection caps
+//!   (total, per source, idle connections closed to admit new ones), idle and drain
+//!   handling.
+//! - [`background`]: every task beside the listener (upkeep, cluster loops, the replay
+//!   writer, the admin listener, the reload watcher), owned in one place and stopped in
+//!   order after the drain: the replay writer flushed, then the loops, then the services.
 //! - [`workers`]: one single-threaded runtime per core; a connection, its requests and
 //!   the Partner connections they use stay on one worker.
 //! - `tls`: rustls server config (deferred or strict client verification), upstream
@@ -49,7 +54,9 @@
 //! - [`layers`]: the request path as tower layers over an `Exchange`, tying the above
 //!   together; `layers::streams` serves the `stream` method (buffered relay,
 //!   `re-stream` served by the gateway); embeddable in a Partner (`layers::Handoff`).
-//! - `sse`: SSE splitting, event inspection, the replay buffer and the relay.
+//! - `sse`: SSE splitting, event inspection, the replay buffer and the relay; one source
+//!   of re-streams for every store (`sse::source`: this instance's buffer, and in cluster
+//!   mode the copies in Redis) and one follower loop (`sse::follow`).
 //! - `policy`: who may call what: access rules, roles, block list, task ownership.
 //! - `ratelimit`: per-AIC and per-Partner quotas (governor), concurrency limits.
 //! - [`body`]: bounded request body reading; the response body type.
@@ -62,7 +69,7 @@
 //! - [`cluster`]: several instances sharing quotas, task owners, open-stream counts and
 //!   the replay buffer through Redis (`[cluster] mode = "redis"`).
 //! - `upkeep`: one timer sweeping idle limiter entries, expired replay records and
-//!   task owners.
+//!   task owners (run by `background`).
 //! - [`error`]: the one error type and its mapping.
 //! - `fdlimit`: the open-file limit raised at start and checked against the bounds.
 //! - `devcerts`: development certificate generation (rcgen); `dev` feature.

@@ -188,10 +188,8 @@ fn digest(f: &Path) -> Option<ring::digest::Digest> {
         .map(|b| ring::digest::digest(&ring::digest::SHA256, &b))
 }
 
-/// Starts reloading on SIGHUP and (with `files`) on file changes; the file watches are in
-/// place when this returns, so no change made after it is missed, and one made since the
-/// files were read for `at_load` is seen as a change at its event. Abort the handle to
-/// stop.
+/// Starts reloading on SIGHUP and (with `files`) on file changes, on a task of its own;
+/// see [`watcher`]. Abort the handle to stop.
 pub fn spawn(
     gateway: Arc<Gateway>,
     config_path: PathBuf,
@@ -199,6 +197,21 @@ pub fn spawn(
     files: bool,
     at_load: AtLoad,
 ) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(watcher(gateway, config_path, debounce, files, at_load))
+}
+
+/// Reloads on SIGHUP and (with `files`) on file changes while the returned future runs
+/// (`background::Background::spawn` runs it until the shutdown). The file watches are in
+/// place when this returns, so no change made after it is missed, and one made since the
+/// files were read for `at_load` is seen as a change at its event. Needs a runtime (the
+/// SIGHUP handler).
+pub fn watcher(
+    gateway: Arc<Gateway>,
+    config_path: PathBuf,
+    debounce: Duration,
+    files: bool,
+    at_load: AtLoad,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Vec<PathBuf>>();
     let watcher = if files {
         match notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
@@ -229,7 +242,7 @@ pub fn spawn(
     let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     #[cfg(not(unix))]
     let hup: Option<()> = None;
-    tokio::spawn(run(gateway, w, rx, debounce, hup))
+    run(gateway, w, rx, debounce, hup)
 }
 
 struct Watched {

@@ -34,6 +34,7 @@ use tokio_rustls::TlsAcceptor;
 
 use tower::ServiceExt;
 
+use crate::background::Background;
 use crate::body::Held;
 use crate::gateway::Gateway;
 use crate::identity::ConnAuth;
@@ -68,8 +69,27 @@ pub async fn run(
 }
 
 /// [`run`], with each accepted connection handed to the least loaded of `workers` (one
-/// single-threaded runtime per core, `crate::workers`) and served there to its end.
+/// single-threaded runtime per core, `crate::workers`) and served there to its end; the
+/// gateway's background work ([`Background`]) runs beside it and is stopped in order
+/// once the listener has drained.
 pub async fn run_on(
+    listener: TcpListener,
+    gateway: Arc<Gateway>,
+    shutdown: impl Future<Output = ()>,
+    workers: Option<Arc<Workers>>,
+) -> anyhow::Result<()> {
+    let background = Background::start(&gateway);
+    let result = listen(listener, gateway, shutdown, workers).await;
+    background.shutdown().await;
+    result
+}
+
+/// The listening side only: accepts (within the connection caps) until `shutdown`
+/// completes, then stops accepting, asks every connection to finish its in-flight
+/// requests and waits for them up to `listener.drain_timeout` (streams still open then
+/// get a final event and a second to deliver it). Background work is the caller's
+/// ([`Background`]), stopped after this returns.
+pub async fn listen(
     listener: TcpListener,
     gateway: Arc<Gateway>,
     shutdown: impl Future<Output = ()>,
@@ -89,30 +109,6 @@ pub async fn run_on(
     // Connections past their handshake, so that a full listener can close an idle one.
     let idle = Arc::new(IdleConns::new(workers.as_ref().map_or(1, |w| w.len())));
     let (drain_tx, drain_rx) = watch::channel(false);
-    let sweeper = tokio::spawn(crate::upkeep::run(gateway.clone()));
-    let cluster = snap.cluster.clone().map(|c| {
-        let g = gateway.clone();
-        let leases = tokio::spawn(crate::cluster::streams::renew_loop(c.clone()));
-        let owners = tokio::spawn(crate::cluster::tasks::republish_loop(
-            c.clone(),
-            snap.tasks.clone(),
-        ));
-        let mut tasks = vec![leases, owners];
-        if c.shares_replay() {
-            tasks.push(tokio::spawn(crate::cluster::replay::lease_loop(c.clone())));
-        }
-        tasks.push(tokio::spawn(crate::cluster::ratelimit::sync_loop(
-            c,
-            move || g.snapshot().limiter.clone(),
-        )));
-        tasks
-    });
-    // The replay writer runs until the streams' ends are written, after the drain.
-    let replay_writer = snap
-        .cluster
-        .clone()
-        .filter(|c| c.shares_replay())
-        .map(|c| tokio::spawn(crate::cluster::replay::write_loop(c)));
     gateway.set_ready(true);
     tokio::pin!(shutdown);
     loop {
@@ -169,10 +165,6 @@ pub async fn run_on(
     }
     gateway.set_ready(false);
     drop(listener);
-    sweeper.abort();
-    for task in cluster.iter().flatten() {
-        task.abort();
-    }
     let _ = drain_tx.send(true);
     // Every connection holds a permit: all of them back means all connections ended.
     // In-flight requests finish within `drain_timeout`; streams still open then get a
@@ -190,10 +182,6 @@ pub async fn run_on(
         {
             tracing::warn!("closing the remaining connections");
         }
-    }
-    if let (Some(writer), Some(c)) = (replay_writer, &snap.cluster) {
-        c.replay_flushed(c.settings().replay.flush_timeout).await;
-        writer.abort();
     }
     Ok(())
 }

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::gateway::Gateway;
 
-/// Runs until dropped (the server aborts it at shutdown). Intervals are read from the
+/// Runs until dropped (`background::Background` stops it at shutdown). Intervals are read from the
 /// snapshot current at each wake, so a reload applies from the next one.
 pub(crate) async fn run(gateway: Arc<Gateway>) {
     let start = Instant::now();

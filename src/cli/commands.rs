@@ -109,11 +109,11 @@ fn init_tracing(level: &str, json: bool) {
     }
 }
 
-/// Serves the admin listener, if configured, until the returned handle is aborted.
-async fn start_admin(
+/// The admin listener, if configured: bound here, served while the returned future runs.
+async fn admin_listener(
     cfg_bind: Option<std::net::SocketAddr>,
     gateway: &std::sync::Arc<crate::Gateway>,
-) -> Result<Option<tokio::task::JoinHandle<()>>, Failure> {
+) -> Result<Option<impl std::future::Future<Output = ()> + Send + 'static>, Failure> {
     let Some(bind) = cfg_bind else {
         return Ok(None);
     };
@@ -123,11 +123,11 @@ async fn start_admin(
         ))
     })?;
     tracing::info!(%bind, "admin listener: /healthz /readyz /metrics");
-    Ok(Some(tokio::spawn(crate::admin::run(
+    Ok(Some(crate::admin::run(
         listener,
         gateway.clone(),
         std::future::pending(),
-    ))))
+    )))
 }
 
 async fn dispatch(
@@ -151,11 +151,16 @@ async fn dispatch(
             let listener = TcpListener::bind(bind)
                 .await
                 .map_err(|e| failed(anyhow::anyhow!("cannot bind {bind}: {e}")))?;
-            let admin = start_admin(admin_bind, &gateway).await?;
+            // Everything beside the listener has one owner, stopped in order after the drain.
+            let mut background = crate::background::Background::start(&gateway);
+            if let Some(admin) = admin_listener(admin_bind, &gateway).await? {
+                background.spawn(admin);
+            }
             // SIGHUP always reloads; file changes too unless `reload.watch = false`.
-            let watcher = reload.map(|(path, watch, debounce, at_load)| {
-                crate::reload::spawn(gateway.clone(), path, debounce, watch, at_load)
-            });
+            if let Some((path, watch, debounce, at_load)) = reload {
+                let g = gateway.clone();
+                background.spawn(crate::reload::watcher(g, path, debounce, watch, at_load));
+            }
             let workers = match cfg_scheduler {
                 crate::config::raw::Scheduler::PerCore => Some(std::sync::Arc::new(
                     crate::workers::Workers::start(worker_count, cache_flush)
@@ -165,14 +170,12 @@ async fn dispatch(
             };
             tracing::info!(%bind, workers = worker_count, scheduler = ?cfg_scheduler, "aipgw listening");
             let result =
-                crate::server::run_on(listener, gateway, shutdown_signal(), workers.clone())
+                crate::server::listen(listener, gateway, shutdown_signal(), workers.clone())
                     .await
                     .map_err(failed);
+            background.shutdown().await;
             // After the drain: whatever is left on the workers is cancelled.
             drop(workers);
-            for task in admin.into_iter().chain(watcher) {
-                task.abort();
-            }
             result
         }
         Command::Check { config } => {

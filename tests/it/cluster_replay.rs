@@ -448,3 +448,65 @@ async fn a_copy_started_anew_elsewhere_is_left_to_its_new_recorder() {
         None
     );
 }
+
+/// Issue 29: the shutdown is ordered (stop accepting, drain, flush the replay writer, stop
+/// the loops). While A drains, its Leader still reading a live stream, A keeps renewing
+/// its copy's recorder lease in Redis, so a follower through B gets the rest of the
+/// stream and its end, not `recorder_lost` (before, A stopped its cluster loops as the
+/// drain began, and its lease ran out 300 ms later); and the copy's end reaches Redis
+/// before A's loops stop.
+#[tokio::test]
+async fn a_draining_instance_keeps_its_copy_alive_until_its_end_is_written() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let (_pki, partner, mut a, b, leader) = SseTwo::start(
+        &redis,
+        Restream::Error,
+        &format!(
+            "{FAST}\n[cluster.replay]\nrecorder_lease_ttl = \"300ms\"\nread_block = \"100ms\""
+        ),
+        "",
+    )
+    .await
+    .into_parts();
+    let mut first = stream(&leader, &a, "\"s1\"", "t1", "start", None).await;
+    let feed = partner.feed("t1").await;
+    feed_events(&feed, 1..=3, None).await;
+    for n in 1..=3 {
+        assert_eq!(within(10, first.next_event()).await.unwrap().seq(), Some(n));
+    }
+    let (events, meta) = keys("t1");
+    until_redis(&redis, &["XLEN", &events], 3, Duration::from_secs(5)).await;
+    let mut elsewhere = stream(&leader, &b, "\"r\"", "t1", "re-stream", Some(3)).await;
+    assert_eq!(elsewhere.status, 200);
+    let stopped = a.shutdown();
+    // The Partner goes on for four lease lifetimes while A drains.
+    for n in 4..=12u64 {
+        let state = if n == 12 { "completed" } else { "working" };
+        feed.send(Ok(sse_event("\"s1\"", n, state))).await.unwrap();
+        assert_eq!(
+            within(10, first.next_event()).await.unwrap().seq(),
+            Some(n),
+            "A's own Leader is served through the drain"
+        );
+        tokio::time::sleep(Duration::from_millis(150)).await; // the Partner's pace
+    }
+    drop(feed); // the Partner closes its stream after the terminal event
+    assert_eq!(
+        read_seqs(&mut elsewhere, 9).await,
+        (4..=12).collect::<Vec<_>>()
+    );
+    let end = within(10, elsewhere.next_event()).await;
+    assert!(
+        end.is_none(),
+        "the end, not an error: {:?}",
+        end.map(|e| e.json)
+    );
+    within(20, stopped).await.unwrap().unwrap();
+    assert_eq!(
+        redis.cmd(&["HGET", &meta, "end"]),
+        redis::Value::BulkString(b"complete".to_vec()),
+        "the end was written before the writer stopped"
+    );
+}
