@@ -14,6 +14,10 @@
 //! `--sample`), the end (each Partner stream sends a terminal event), and after
 //! `replay.retention` (`--retention`) plus a sweep. Every event is counted at the Leaders.
 #![allow(missing_docs)]
+#![expect(
+    clippy::disallowed_methods,
+    reason = "a measurement program: wall-clock timings of a whole run"
+)]
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

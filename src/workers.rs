@@ -207,6 +207,10 @@ mod tests {
     /// Issue 13: each worker flushes its own allocation cache on its timer (a task of its
     /// runtime), whether or not it has work; none without the setting.
     #[test]
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "real threads outside any runtime: only the wall clock and a blocking wait"
+    )]
     fn each_worker_flushes_its_cache_on_its_timer() {
         let jemalloc = crate::allocator::flush_thread_cache();
         let workers = Workers::start(2, Some(Duration::from_millis(5))).unwrap();

@@ -140,6 +140,10 @@ fn usage_errors_and_version() {
 /// The real binary: SIGHUP reloads the config; SIGTERM drains and exits 0.
 #[cfg(unix)]
 #[test]
+#[expect(
+    clippy::disallowed_methods,
+    reason = "drives a child process from a plain thread: the wall clock is the clock"
+)]
 fn sighup_reloads_and_sigterm_exits_zero() {
     use std::io::{Read, Write};
     use std::net::TcpStream;

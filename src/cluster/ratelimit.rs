@@ -23,7 +23,9 @@
 //! for Redis's outage. Once Redis answers again, syncing resumes at the next interval.
 
 use std::sync::{Arc, LazyLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::{Cluster, ClusterError};
 use crate::ratelimit::{Hits, Limiter, QuotaRef, StrictCheck};

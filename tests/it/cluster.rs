@@ -4,7 +4,9 @@
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::support::*;
 use aipgw::devcerts::CertSpec;
@@ -69,6 +71,10 @@ impl RedisServer {
         Some(server)
     }
 
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "starts a process and waits for it, outside the async code"
+    )]
     fn spawn(&mut self) {
         let port = self.port.to_string();
         let mut cmd = Command::new("redis-server");

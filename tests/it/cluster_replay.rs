@@ -2,7 +2,9 @@
 //! that did not record the stream is served from the copy the recording one wrote, or
 //! forwarded to the Partner when that copy cannot serve every event asked for.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::cluster::{metric, RedisServer, SseTwo, FAST};
 use crate::support::*;

@@ -577,7 +577,7 @@ async fn a_stalled_partner_body_is_cut_and_frees_its_permit() {
     let gw = start_gateway(&cfg).await;
     let a = pki.leader(LEADER_A, true);
     let get = rpc_start("1", LEADER_A, "t").replace("\"start\"", "\"get\"");
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let r = within(10, a.post(gw.addr, "/p/rpc", &get)).await;
     let err = r.expect_err("the body must be cut, not completed");
     assert!(err.starts_with("body"), "{err}");

@@ -1,7 +1,9 @@
 //! Test 7: clients that stall are disconnected after the configured timeouts. The waits
 //! here are safety nets around events (EOF), not measurements.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
