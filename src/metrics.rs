@@ -201,6 +201,194 @@ pub struct Metrics {
     replay_evicted_streams: Gauge,
 }
 
+/// Requests: counts and latencies.
+fn register_requests(r: &mut Registry, m: &Metrics) {
+    r.register(
+        "requests",
+        "Finished requests by Partner, method, HTTP status and gateway JSON-RPC error code",
+        m.requests.clone(),
+    );
+    r.register(
+        "request_duration_seconds",
+        "Request time until the response body ended",
+        m.request_seconds.clone(),
+    );
+    r.register(
+        "upstream_duration_seconds",
+        "Time to the Partner's response headers",
+        m.upstream_seconds.clone(),
+    );
+}
+
+/// Connections: open, per worker, handshakes, closes and protocol errors.
+fn register_connections(r: &mut Registry, m: &Metrics) {
+    r.register(
+        "open_connections",
+        "Open client connections",
+        m.open_connections.clone(),
+    );
+    r.register(
+        "upstream_idle_connections",
+        "Idle HTTP/1.1 connections to each Partner kept for the next request (all workers)",
+        m.upstream_idle.clone(),
+    );
+    r.register(
+        "worker_connections",
+        "Open client connections by worker thread (per-core workers): a connection stays on the worker it was given",
+        m.worker_connections.clone(),
+    );
+    r.register(
+        "tls_handshakes",
+        "TLS handshakes completed, by kind: full, or resumed from a session",
+        m.handshakes.clone(),
+    );
+    r.register(
+        "tls_handshake_failures",
+        "TLS handshakes that failed or timed out",
+        m.handshake_failures.clone(),
+    );
+    r.register(
+        "connections_closed",
+        "Connections the gateway closed to keep connection slots free, by reason: per_ip_limit, unverified_idle, unverified_reply, evicted_idle",
+        m.connections_closed.clone(),
+    );
+    r.register(
+        "http_errors",
+        "Malformed HTTP refused before it became a request (HTTP/1.1 parse errors, HTTP/2 connection errors), by reason",
+        m.http_errors.clone(),
+    );
+}
+
+/// Identity and policy: verified identities, refusals, task claims.
+fn register_identity_and_policy(r: &mut Registry, m: &Metrics) {
+    r.register(
+        "identity_failures",
+        "Connections whose certificate gave no identity, by reason",
+        m.identity_failures.clone(),
+    );
+    r.register(
+        "identities",
+        "Connections whose certificate gave an identity, by AIC form and check-code verification",
+        m.identities.clone(),
+    );
+    r.register(
+        "policy_refusals",
+        "Requests refused by policy, by reason",
+        m.policy_refusals.clone(),
+    );
+    r.register(
+        "rate_limit_refusals",
+        "Requests refused by quotas or concurrency limits, by reason",
+        m.rate_limit_refusals.clone(),
+    );
+    r.register(
+        "task_claims",
+        "Task claims of starts settled: accepted, refused, unanswered (kept), not_sent",
+        m.task_claims.clone(),
+    );
+}
+
+/// Streams and Partners: open and ended streams, re-streams, Partner failures.
+fn register_streams(r: &mut Registry, m: &Metrics) {
+    r.register(
+        "open_streams",
+        "SSE streams being followed by a Leader",
+        m.open_streams.clone(),
+    );
+    r.register(
+        "restreams",
+        "Re-streams, by who answered them",
+        m.restreams.clone(),
+    );
+    r.register(
+        "streams_ended",
+        "Event streams sent to Leaders that ended, by Partner and outcome",
+        m.streams_ended.clone(),
+    );
+    r.register(
+        "upstream_errors",
+        "Partner failures by Partner and reason",
+        m.upstream_errors.clone(),
+    );
+}
+
+/// Operations: reloads, certificate expiry, the allocator.
+fn register_operations(r: &mut Registry, m: &Metrics) {
+    r.register(
+        "config_reloads",
+        "Config reloads by result",
+        m.config_reloads.clone(),
+    );
+    r.register(
+        "certificate_expiry_timestamp_seconds",
+        "notAfter of every loaded certificate",
+        m.cert_expiry.clone(),
+    );
+    r.register(
+        "allocator_bytes",
+        "The allocator's figures (jemalloc builds): allocated, active, resident, metadata, retained, thread_caches",
+        m.heap.clone(),
+    );
+}
+
+/// The replay buffer's figures (read from the store at each scrape).
+fn register_replay(r: &mut Registry, m: &Metrics) {
+    r.register(
+        "replay_buffer_bytes",
+        "Bytes of buffered SSE events",
+        m.replay_bytes.clone(),
+    );
+    r.register(
+        "replay_buffer_events",
+        "Buffered SSE events",
+        m.replay_events.clone(),
+    );
+    r.register(
+        "replay_buffer_streams",
+        "Streams in the replay buffer",
+        m.replay_streams.clone(),
+    );
+    r.register(
+        "replay_buffer_evicted_events",
+        "Events evicted from streams that stayed (total)",
+        m.replay_evicted_events.clone(),
+    );
+    r.register(
+        "replay_buffer_evicted_streams",
+        "Streams evicted from the replay buffer (total)",
+        m.replay_evicted_streams.clone(),
+    );
+}
+
+/// Cluster mode: Redis health, quota sync, the replay copies' queue and gaps.
+fn register_cluster(r: &mut Registry, m: &Metrics) {
+    r.register(
+        "cluster_redis_up",
+        "1 while Redis answers (cluster mode)",
+        m.cluster_redis_up.clone(),
+    );
+    r.register(
+        "redis_errors",
+        "Redis commands that failed or timed out, by operation",
+        m.redis_errors.clone(),
+    );
+    r.register(
+        "ratelimit_sync_seconds",
+        "Time of each quota sync with Redis",
+        m.ratelimit_sync_seconds.clone(),
+    );
+    r.register(
+        "replay_write_queue_depth",
+        "Events and stream changes waiting to be written to Redis (cluster replay)",
+        m.replay_write_queue_depth.clone(),
+    );
+    r.register(
+        "replay_gaps",
+        "Streams whose copy in Redis has a gap and is no longer served by other instances, by reason",
+        m.replay_gaps.clone(),
+    );
+}
+
 fn latency() -> Histogram {
     // 100 µs .. ~52 s
     Histogram::new(exponential_buckets(0.0001, 2.0, 20))
@@ -246,166 +434,13 @@ impl Metrics {
             registry: Registry::default(),
         };
         let r = &mut registry;
-        r.register(
-            "requests",
-            "Finished requests by Partner, method, HTTP status and gateway JSON-RPC error code",
-            m.requests.clone(),
-        );
-        r.register(
-            "request_duration_seconds",
-            "Request time until the response body ended",
-            m.request_seconds.clone(),
-        );
-        r.register(
-            "upstream_duration_seconds",
-            "Time to the Partner's response headers",
-            m.upstream_seconds.clone(),
-        );
-        r.register(
-            "open_connections",
-            "Open client connections",
-            m.open_connections.clone(),
-        );
-        r.register(
-            "upstream_idle_connections",
-            "Idle HTTP/1.1 connections to each Partner kept for the next request (all workers)",
-            m.upstream_idle.clone(),
-        );
-        r.register(
-            "worker_connections",
-            "Open client connections by worker thread (per-core workers): a connection stays on the worker it was given",
-            m.worker_connections.clone(),
-        );
-        r.register(
-            "tls_handshakes",
-            "TLS handshakes completed, by kind: full, or resumed from a session",
-            m.handshakes.clone(),
-        );
-        r.register(
-            "tls_handshake_failures",
-            "TLS handshakes that failed or timed out",
-            m.handshake_failures.clone(),
-        );
-        r.register(
-            "connections_closed",
-            "Connections the gateway closed to keep connection slots free, by reason: per_ip_limit, unverified_idle, unverified_reply, evicted_idle",
-            m.connections_closed.clone(),
-        );
-        r.register(
-            "http_errors",
-            "Malformed HTTP refused before it became a request (HTTP/1.1 parse errors, HTTP/2 connection errors), by reason",
-            m.http_errors.clone(),
-        );
-        r.register(
-            "identity_failures",
-            "Connections whose certificate gave no identity, by reason",
-            m.identity_failures.clone(),
-        );
-        r.register(
-            "identities",
-            "Connections whose certificate gave an identity, by AIC form and check-code verification",
-            m.identities.clone(),
-        );
-        r.register(
-            "policy_refusals",
-            "Requests refused by policy, by reason",
-            m.policy_refusals.clone(),
-        );
-        r.register(
-            "rate_limit_refusals",
-            "Requests refused by quotas or concurrency limits, by reason",
-            m.rate_limit_refusals.clone(),
-        );
-        r.register(
-            "open_streams",
-            "SSE streams being followed by a Leader",
-            m.open_streams.clone(),
-        );
-        r.register(
-            "restreams",
-            "Re-streams, by who answered them",
-            m.restreams.clone(),
-        );
-        r.register(
-            "task_claims",
-            "Task claims of starts settled: accepted, refused, unanswered (kept), not_sent",
-            m.task_claims.clone(),
-        );
-        r.register(
-            "streams_ended",
-            "Event streams sent to Leaders that ended, by Partner and outcome",
-            m.streams_ended.clone(),
-        );
-        r.register(
-            "upstream_errors",
-            "Partner failures by Partner and reason",
-            m.upstream_errors.clone(),
-        );
-        r.register(
-            "config_reloads",
-            "Config reloads by result",
-            m.config_reloads.clone(),
-        );
-        r.register(
-            "certificate_expiry_timestamp_seconds",
-            "notAfter of every loaded certificate",
-            m.cert_expiry.clone(),
-        );
-        r.register(
-            "replay_buffer_bytes",
-            "Bytes of buffered SSE events",
-            m.replay_bytes.clone(),
-        );
-        r.register(
-            "replay_buffer_events",
-            "Buffered SSE events",
-            m.replay_events.clone(),
-        );
-        r.register(
-            "replay_buffer_streams",
-            "Streams in the replay buffer",
-            m.replay_streams.clone(),
-        );
-        r.register(
-            "replay_buffer_evicted_events",
-            "Events evicted from streams that stayed (total)",
-            m.replay_evicted_events.clone(),
-        );
-        r.register(
-            "replay_buffer_evicted_streams",
-            "Streams evicted from the replay buffer (total)",
-            m.replay_evicted_streams.clone(),
-        );
-        r.register(
-            "cluster_redis_up",
-            "1 while Redis answers (cluster mode)",
-            m.cluster_redis_up.clone(),
-        );
-        r.register(
-            "redis_errors",
-            "Redis commands that failed or timed out, by operation",
-            m.redis_errors.clone(),
-        );
-        r.register(
-            "ratelimit_sync_seconds",
-            "Time of each quota sync with Redis",
-            m.ratelimit_sync_seconds.clone(),
-        );
-        r.register(
-            "replay_write_queue_depth",
-            "Events and stream changes waiting to be written to Redis (cluster replay)",
-            m.replay_write_queue_depth.clone(),
-        );
-        r.register(
-            "replay_gaps",
-            "Streams whose copy in Redis has a gap and is no longer served by other instances, by reason",
-            m.replay_gaps.clone(),
-        );
-        r.register(
-            "allocator_bytes",
-            "The allocator's figures (jemalloc builds): allocated, active, resident, metadata, retained, thread_caches",
-            m.heap.clone(),
-        );
+        register_requests(r, &m);
+        register_connections(r, &m);
+        register_identity_and_policy(r, &m);
+        register_streams(r, &m);
+        register_operations(r, &m);
+        register_replay(r, &m);
+        register_cluster(r, &m);
         Metrics { registry, ..m }
     }
 
@@ -482,5 +517,70 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// No family is registered twice, and the unlabelled figures are on the page from
+    /// the start under the names the README lists (a labelled family shows once it has
+    /// a sample).
+    #[test]
+    fn families_are_registered_once() {
+        let m = Metrics::new();
+        let page = m.render(ReplayStats::default(), std::iter::empty());
+        let mut helped: Vec<&str> = page
+            .lines()
+            .filter_map(|l| l.strip_prefix("# HELP "))
+            .filter_map(|l| l.split(' ').next())
+            .collect();
+        let all = helped.len();
+        helped.sort_unstable();
+        helped.dedup();
+        assert_eq!(helped.len(), all, "a family registered twice:\n{page}");
+        for name in [
+            "open_connections",
+            "open_streams",
+            "replay_buffer_bytes",
+            "replay_buffer_events",
+            "replay_buffer_streams",
+            "replay_buffer_evicted_events",
+            "replay_buffer_evicted_streams",
+            "cluster_redis_up",
+            "replay_write_queue_depth",
+            "ratelimit_sync_seconds",
+        ] {
+            let name = format!("aipgw_{name}");
+            assert!(helped.contains(&name.as_str()), "{name} in\n{page}");
+        }
+    }
+
+    /// A labelled counter and the scraped figures read back as Prometheus text.
+    #[test]
+    fn counters_and_figures_render() {
+        let m = Metrics::new();
+        let claims = ClaimLabels {
+            outcome: "unanswered",
+        };
+        m.task_claims.get_or_create(&claims).inc();
+        let replay = ReplayStats {
+            streams: 2,
+            bytes: 300,
+            events: 7,
+            evicted_streams: 1,
+            evicted_events: 4,
+        };
+        let page = m.render(replay, [("p", 3)].into_iter());
+        for line in [
+            "aipgw_task_claims_total{outcome=\"unanswered\"} 1",
+            "aipgw_replay_buffer_bytes 300",
+            "aipgw_replay_buffer_events 7",
+            "aipgw_replay_buffer_evicted_events 4",
+            "aipgw_upstream_idle_connections{partner=\"p\"} 3",
+        ] {
+            assert!(page.lines().any(|l| l == line), "{line} in\n{page}");
+        }
     }
 }
