@@ -1,5 +1,6 @@
 //! The gateway's internals that its own benches, integration tests and fuzz targets
-//! drive directly (`test-util` feature, enabled by `dev`). Not an API: nothing here is
+//! drive directly (`test-util` feature, turned on for them by the crate's dev-dependency
+//! on itself; the fuzz targets ask for it). Not an API: nothing here is
 //! promised to stay.
 
 pub use crate::allocator::{flush_thread_cache, stats as heap_stats, HeapStats};
