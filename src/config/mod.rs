@@ -39,6 +39,8 @@ pub struct Config {
     pub dotted: crate::identity::aic::DottedCheck,
     /// Largest request body accepted.
     pub max_body_bytes: usize,
+    /// Deepest nesting of arrays and objects in a request body (unknown fields included).
+    pub max_json_depth: usize,
     /// Partner connection settings.
     pub upstream: UpstreamConfig,
     /// SSE relay bounds.
@@ -238,6 +240,12 @@ impl Config {
         if raw.limits.max_body_bytes == 0 {
             bail!("limits.max_body_bytes: must be at least 1");
         }
+        if raw.limits.max_json_depth < crate::jsonrpc::envelope::MIN_MAX_DEPTH {
+            bail!(
+                "limits.max_json_depth: must be at least {} (the envelope's own nesting)",
+                crate::jsonrpc::envelope::MIN_MAX_DEPTH
+            );
+        }
         if raw.replay.sweep_interval.is_zero() {
             bail!("replay.sweep_interval must be greater than zero");
         }
@@ -285,6 +293,7 @@ impl Config {
             aic_domain_suffix: suffix,
             dotted,
             max_body_bytes: raw.limits.max_body_bytes,
+            max_json_depth: raw.limits.max_json_depth,
             upstream: UpstreamConfig::try_from(&raw.upstream)?,
             stream: crate::sse::relay::StreamSettings::try_from(&raw.stream)?,
             replay: crate::sse::memory::ReplayLimits::try_from(&raw.replay)?,
