@@ -458,10 +458,10 @@ fn check_text(body: &[u8]) -> Result<&str, EnvelopeError> {
 /// skipped values included: serde_json skips a value without recursing, so the parse
 /// alone would let a body nested 100,000 deep through to a Partner whose parser recurses.
 /// A body with at most `max` brackets that open cannot be deeper, which one vectorised
-/// search settles for nearly every request; only others are walked byte by byte, strings
+/// count settles for nearly every request; only others are walked byte by byte, strings
 /// (and their escapes) skipped.
 fn check_depth(body: &[u8], max: usize) -> Result<(), EnvelopeError> {
-    if memchr::memchr2_iter(b'{', b'[', body).nth(max).is_none() {
+    if opens_at_most(body, max) {
         return Ok(());
     }
     let (mut depth, mut i) = (0usize, 0usize);
@@ -497,6 +497,26 @@ fn check_depth(body: &[u8], max: usize) -> Result<(), EnvelopeError> {
         i += 1;
     }
     Ok(())
+}
+
+/// Whether `body` has at most `max` bytes `{` or `[` (inside strings too). A short body is
+/// counted in blocks the compiler vectorises (`[` is `{` with bit 5 clear, so one compare
+/// finds both); a long one is searched with memchr's runtime-chosen SIMD, which stops
+/// once it has seen more than `max`. (Measured: the blocks cost about a third of the
+/// search's matches on a 400-byte request; the search is twice as fast as the blocks on
+/// 64 KB.)
+fn opens_at_most(body: &[u8], max: usize) -> bool {
+    const SHORT: usize = 4096;
+    if body.len() >= SHORT {
+        return memchr::memchr2_iter(b'{', b'[', body).nth(max).is_none();
+    }
+    let mut n = 0usize;
+    for block in body.chunks(128) {
+        // At most 128 per block: no `u8` overflow.
+        let count: u8 = block.iter().map(|&b| u8::from(b | 0x20 == b'{')).sum();
+        n += usize::from(count);
+    }
+    n <= max
 }
 
 /// The lenient pass alone (the fast path's fallback).
@@ -1197,7 +1217,7 @@ mod tests {
         let text = format!(r#""{}\"\\{}""#, "[".repeat(200), "{".repeat(200));
         assert!(parse(with(&text).as_bytes()).is_ok());
         // Many siblings are not depth.
-        let wide = format!("[{}[]]", "[],".repeat(500));
+        let wide = format!("[{}[]]", "[],".repeat(2000));
         assert!(parse(with(&wide).as_bytes()).is_ok());
     }
 
