@@ -75,10 +75,7 @@ pub(crate) fn keep_end_to_end(headers: &mut HeaderMap, extra_skip: impl Fn(&Head
 /// (`layers::upstream_headers`).
 pub(crate) fn gateway_owned(name: &HeaderName) -> bool {
     let n = name.as_str();
-    if matches!(
-        n,
-        "host" | "content-length" | "content-encoding" | "expect"
-    ) {
+    if matches!(n, "host" | "content-length" | "content-encoding" | "expect") {
         return true;
     }
     // Header names are lowercase already; only the separators need folding. Names are
@@ -131,7 +128,13 @@ mod tests {
             let h = HeaderName::from_bytes(name.as_bytes()).unwrap();
             assert!(gateway_owned(&h), "{name}");
         }
-        for name in ["x-aipx", "x-client-id", "accept", "client-ip-x", "traceparent"] {
+        for name in [
+            "x-aipx",
+            "x-client-id",
+            "accept",
+            "client-ip-x",
+            "traceparent",
+        ] {
             let h = HeaderName::from_bytes(name.as_bytes()).unwrap();
             assert!(!gateway_owned(&h), "{name}");
         }

@@ -21,7 +21,11 @@ struct Raw {
 impl Raw {
     fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body).unwrap_or_else(|e| {
-            panic!("not JSON ({e}): {}\n{}", self.head, String::from_utf8_lossy(&self.body))
+            panic!(
+                "not JSON ({e}): {}\n{}",
+                self.head,
+                String::from_utf8_lossy(&self.body)
+            )
         })
     }
 
@@ -30,7 +34,10 @@ impl Raw {
         let v = self.json();
         (
             v["error"]["code"].as_i64().unwrap_or(0),
-            v["error"]["data"]["reason"].as_str().unwrap_or("").to_owned(),
+            v["error"]["data"]["reason"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned(),
         )
     }
 
@@ -51,7 +58,13 @@ fn parse_raw(msg: &[u8]) -> Raw {
 
 /// POSTs `body` to `path` on a new TLS connection, with exactly the header lines given
 /// (besides `host` and `content-length`).
-async fn raw_post(leader: &Leader, gw: &TestGateway, path: &str, lines: &[&str], body: &[u8]) -> Raw {
+async fn raw_post(
+    leader: &Leader,
+    gw: &TestGateway,
+    path: &str,
+    lines: &[&str],
+    body: &[u8],
+) -> Raw {
     let mut tls = leader.connect(gw.addr).await.unwrap();
     let mut head = format!(
         "POST {path} HTTP/1.1\r\nhost: localhost\r\ncontent-length: {}\r\n",
@@ -91,22 +104,75 @@ async fn the_partner_reads_the_body_as_the_gateway_did() {
     let gw = start_gateway(&pki.config("", &partner_block("p", "/p", &partner.url(), ""))).await;
     let a = pki.leader(LEADER_A, false);
     let b = pki.leader(LEADER_B, false);
-    let r = raw_post(&a, &gw, "/p/rpc", &[JSON], rpc_start("\"a1\"", LEADER_A, "victim-task").as_bytes()).await;
+    let r = raw_post(
+        &a,
+        &gw,
+        "/p/rpc",
+        &[JSON],
+        rpc_start("\"a1\"", LEADER_A, "victim-task").as_bytes(),
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.text());
     let utf7 = format!(
         r#"{{"jsonrpc":"2.0","method":"rpc","id":"b1","params":{{"message":{{"command":"cancel","task+AEk-d":"victim-task","sender+AEk-d":"{LEADER_A}","senderRole":"leader"}}}}}}"#
     );
-    let gzip: &[u8] = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03\xab\xae\x05\x00\x43\xbf\xa6\xa3\x02\x00\x00\x00";
+    let gzip: &[u8] =
+        b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03\xab\xae\x05\x00\x43\xbf\xa6\xa3\x02\x00\x00\x00";
     let refused: [(&[&str], &[u8], &str, &str); 9] = [
-        (&["content-type: application/json; charset=utf-7"], utf7.as_bytes(), "unsupported_charset", "\"b1\""),
-        (&["Content-Type: application/json;charset=\"UTF-7\""], utf7.as_bytes(), "unsupported_charset", "\"b1\""),
-        (&["content-type: application/json; charset=iso-8859-1"], utf7.as_bytes(), "unsupported_charset", "\"b1\""),
-        (&["content-type: text/plain"], utf7.as_bytes(), "unsupported_media_type", "\"b1\""),
-        (&["content-type: application/x-www-form-urlencoded"], utf7.as_bytes(), "unsupported_media_type", "\"b1\""),
-        (&[JSON, "content-type: text/plain"], utf7.as_bytes(), "unsupported_media_type", "\"b1\""),
-        (&[JSON, "content-encoding: gzip"], gzip, "unsupported_encoding", "null"),
-        (&[JSON, "Content-Encoding: identity, br"], utf7.as_bytes(), "unsupported_encoding", "\"b1\""),
-        (&["content-encoding: deflate"], utf7.as_bytes(), "unsupported_encoding", "\"b1\""),
+        (
+            &["content-type: application/json; charset=utf-7"],
+            utf7.as_bytes(),
+            "unsupported_charset",
+            "\"b1\"",
+        ),
+        (
+            &["Content-Type: application/json;charset=\"UTF-7\""],
+            utf7.as_bytes(),
+            "unsupported_charset",
+            "\"b1\"",
+        ),
+        (
+            &["content-type: application/json; charset=iso-8859-1"],
+            utf7.as_bytes(),
+            "unsupported_charset",
+            "\"b1\"",
+        ),
+        (
+            &["content-type: text/plain"],
+            utf7.as_bytes(),
+            "unsupported_media_type",
+            "\"b1\"",
+        ),
+        (
+            &["content-type: application/x-www-form-urlencoded"],
+            utf7.as_bytes(),
+            "unsupported_media_type",
+            "\"b1\"",
+        ),
+        (
+            &[JSON, "content-type: text/plain"],
+            utf7.as_bytes(),
+            "unsupported_media_type",
+            "\"b1\"",
+        ),
+        (
+            &[JSON, "content-encoding: gzip"],
+            gzip,
+            "unsupported_encoding",
+            "null",
+        ),
+        (
+            &[JSON, "Content-Encoding: identity, br"],
+            utf7.as_bytes(),
+            "unsupported_encoding",
+            "\"b1\"",
+        ),
+        (
+            &["content-encoding: deflate"],
+            utf7.as_bytes(),
+            "unsupported_encoding",
+            "\"b1\"",
+        ),
     ];
     for (lines, body, reason, id) in refused {
         let r = raw_post(&b, &gw, "/p/rpc", lines, body).await;
@@ -124,18 +190,31 @@ async fn the_partner_reads_the_body_as_the_gateway_did() {
     ];
     for (n, lines) in accepted.iter().enumerate() {
         let task = format!("b-task-{n}");
-        let r = raw_post(&b, &gw, "/p/rpc", lines, rpc_start(&format!("\"b{n}\""), LEADER_B, &task).as_bytes()).await;
+        let r = raw_post(
+            &b,
+            &gw,
+            "/p/rpc",
+            lines,
+            rpc_start(&format!("\"b{n}\""), LEADER_B, &task).as_bytes(),
+        )
+        .await;
         assert_eq!(r.status, 200, "{lines:?}: {}", r.text());
     }
     // The Partner saw A's start and B's accepted starts (answered above), nothing else,
     // each with the gateway's content type and no content coding.
     let seen = partner.seen();
     assert_eq!(seen.len(), 1 + accepted.len(), "{seen:#?}");
-    assert!(seen.iter().all(|s| !String::from_utf8_lossy(&s.body).contains("+AEk-")));
+    assert!(seen
+        .iter()
+        .all(|s| !String::from_utf8_lossy(&s.body).contains("+AEk-")));
     for s in &seen {
         let types: Vec<_> = s.headers.get_all("content-type").iter().collect();
         assert_eq!(types, ["application/json"], "{:?}", s.headers);
-        assert!(s.headers.get("content-encoding").is_none(), "{:?}", s.headers);
+        assert!(
+            s.headers.get("content-encoding").is_none(),
+            "{:?}",
+            s.headers
+        );
     }
 }
 
@@ -190,27 +269,39 @@ async fn sender_id_is_bound_in_every_method() {
     let gw = start_gateway(&pki.config("", &partner_block("p", "/p", &partner.url(), ""))).await;
     let b = pki.leader(LEADER_B, false);
     let bodies = |sender: &str| {
-        let msg = format!(r#"{{"type":"message","senderRole":"leader","senderId":{sender},"command":"cancel","taskId":"b-task"}}"#);
+        let msg = format!(
+            r#"{{"type":"message","senderRole":"leader","senderId":{sender},"command":"cancel","taskId":"b-task"}}"#
+        );
         [
             (
                 "/p/group",
-                format!(r#"{{"jsonrpc":"2.0","method":"group","id":"g1","params":{{"groupId":"g","message":{msg}}}}}"#),
+                format!(
+                    r#"{{"jsonrpc":"2.0","method":"group","id":"g1","params":{{"groupId":"g","message":{msg}}}}}"#
+                ),
             ),
             (
                 "/p/group",
-                format!(r#"{{"jsonrpc":"2.0","method":"group","id":"g2","params":{{"groupId":"g","command":{msg}}}}}"#),
+                format!(
+                    r#"{{"jsonrpc":"2.0","method":"group","id":"g2","params":{{"groupId":"g","command":{msg}}}}}"#
+                ),
             ),
             (
                 "/p/notification/set",
-                format!(r#"{{"jsonrpc":"2.0","method":"notification/set","id":"n1","params":{{"url":"https://l/cb","token":"tok","taskId":"b-task","message":{msg}}}}}"#),
+                format!(
+                    r#"{{"jsonrpc":"2.0","method":"notification/set","id":"n1","params":{{"url":"https://l/cb","token":"tok","taskId":"b-task","message":{msg}}}}}"#
+                ),
             ),
             (
                 "/p/notification/get",
-                format!(r#"{{"jsonrpc":"2.0","method":"notification/get","id":"n2","params":{{"taskId":"b-task","command":{msg}}}}}"#),
+                format!(
+                    r#"{{"jsonrpc":"2.0","method":"notification/get","id":"n2","params":{{"taskId":"b-task","command":{msg}}}}}"#
+                ),
             ),
             (
                 "/p/notification/delete",
-                format!(r#"{{"jsonrpc":"2.0","method":"notification/delete","id":"n3","params":{{"taskId":"b-task","message":{msg}}}}}"#),
+                format!(
+                    r#"{{"jsonrpc":"2.0","method":"notification/delete","id":"n3","params":{{"taskId":"b-task","message":{msg}}}}}"#
+                ),
             ),
         ]
     };
@@ -232,7 +323,9 @@ async fn sender_id_is_bound_in_every_method() {
     }
     let seen = partner.seen();
     assert_eq!(seen.len(), own.len(), "{seen:#?}");
-    assert!(seen.iter().all(|s| !String::from_utf8_lossy(&s.body).contains(LEADER_A)));
+    assert!(seen
+        .iter()
+        .all(|s| !String::from_utf8_lossy(&s.body).contains(LEADER_A)));
 }
 
 /// Also: a client's `Expect: 100-continue` is answered by the gateway (the client gets
@@ -244,7 +337,14 @@ async fn expect_is_answered_by_the_gateway_and_not_forwarded() {
     let gw = start_gateway(&pki.config("", &partner_block("p", "/p", &partner.url(), ""))).await;
     let a = pki.leader(LEADER_A, false);
     let lines = [JSON, "Expect: 100-continue", "x-kept: yes"];
-    let r = raw_post(&a, &gw, "/p/rpc", &lines, rpc_start("\"e1\"", LEADER_A, "t-e").as_bytes()).await;
+    let r = raw_post(
+        &a,
+        &gw,
+        "/p/rpc",
+        &lines,
+        rpc_start("\"e1\"", LEADER_A, "t-e").as_bytes(),
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.text());
     let seen = partner.seen();
     assert_eq!(seen.len(), 1);
@@ -274,7 +374,14 @@ async fn client_address_look_alikes_never_reach_the_partner() {
     ];
     let mut lines = vec![JSON, "x-kept: yes"];
     lines.extend(look_alikes);
-    let r = raw_post(&a, &gw, "/p/rpc", &lines, rpc_start("\"l1\"", LEADER_A, "t-l").as_bytes()).await;
+    let r = raw_post(
+        &a,
+        &gw,
+        "/p/rpc",
+        &lines,
+        rpc_start("\"l1\"", LEADER_A, "t-l").as_bytes(),
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.text());
     let seen = partner.seen();
     assert_eq!(seen.len(), 1);
@@ -282,10 +389,14 @@ async fn client_address_look_alikes_never_reach_the_partner() {
     assert_eq!(h["x-kept"], "yes", "end-to-end headers still pass: {h:?}");
     for line in look_alikes {
         let name = line.split(':').next().unwrap().to_ascii_lowercase();
-        assert!(h.get(name.as_str()).is_none(), "{name} reached the Partner: {h:?}");
+        assert!(
+            h.get(name.as_str()).is_none(),
+            "{name} reached the Partner: {h:?}"
+        );
     }
     assert!(
-        !h.iter().any(|(_, v)| v == "10.9.9.9" || v == "forged" || v == LEADER_B),
+        !h.iter()
+            .any(|(_, v)| v == "10.9.9.9" || v == "forged" || v == LEADER_B),
         "{h:?}"
     );
     assert_eq!(h["x-aip-client-aic"], LEADER_A);
