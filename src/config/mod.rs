@@ -372,6 +372,7 @@ rpc = "/acps-aip-v1/rpc"
         assert_eq!(c.listener.cert, Path::new("/etc/aipgw/certs/gateway.pem"));
         assert_eq!(c.listener.handshake_timeout, Duration::from_secs(10));
         assert_eq!(c.max_body_bytes, 1 << 20);
+        assert_eq!(c.max_json_depth, 64);
         assert_eq!(c.aic_domain_suffix, "acps.pub");
         let p = &c.partners[0];
         assert_eq!(p.prefix, "/partners/demo");
@@ -399,6 +400,8 @@ rpc = "/acps-aip-v1/rpc"
         assert!(e.contains("upstreams[0]"), "{e}");
         let e = error_of(&format!("{BASE}\n[limits]\nmax_body_bytes = 0"));
         assert!(e.contains("limits.max_body_bytes"), "{e}");
+        let e = error_of(&format!("{BASE}\n[limits]\nmax_json_depth = 3"));
+        assert!(e.contains("limits.max_json_depth"), "{e}");
         let e = error_of(&BASE.replace("name = \"demo\"", "name = \"demo\"\naic = \"123\""));
         assert!(e.contains("aic"), "{e}");
         let twice = format!("{BASE}\n{}", &BASE[BASE.find("[[partner]]").unwrap()..]);

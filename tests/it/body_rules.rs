@@ -180,6 +180,30 @@ async fn the_partner_reads_the_body_as_the_gateway_did() {
         assert_eq!(r.error(), (-32600, reason.to_owned()), "{lines:?}");
         assert_eq!(r.json()["id"].to_string(), id, "{lines:?}");
     }
+    // The same over HTTP/2 (the client's `application/json` and a coding beside it).
+    let b2 = pki.leader(LEADER_B, true);
+    let r = b2
+        .post_with(
+            gw.addr,
+            "/p/rpc",
+            utf7.clone().into(),
+            &[("content-encoding", "gzip")],
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 415, "{}", r.text());
+    assert_eq!(r.error(), (-32600, "unsupported_encoding".to_owned()));
+    // A caller without a certificate learns only that it needs one.
+    let anonymous = Leader::new(&pki, None, false);
+    let r = raw_post(
+        &anonymous,
+        &gw,
+        "/p/rpc",
+        &["content-type: text/plain"],
+        utf7.as_bytes(),
+    )
+    .await;
+    assert_eq!((r.status, r.error().0), (401, -32008), "{}", r.text());
     // Accepted: no type, JSON in UTF-8 spelled several ways, `identity`.
     let accepted: [&[&str]; 5] = [
         &[],
