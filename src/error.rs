@@ -79,6 +79,17 @@ pub enum GatewayError {
     /// The body could not be read (client reset, protocol error).
     #[error("request body could not be read")]
     BodyRead,
+    /// The body is not declared as what the gateway reads it as (`application/json` in
+    /// UTF-8, no content coding), so a Partner honouring the declaration could read it
+    /// otherwise.
+    #[error("{detail}")]
+    UnsupportedMedia {
+        /// Short label: `unsupported_media_type`, `unsupported_charset`,
+        /// `unsupported_encoding`.
+        reason: &'static str,
+        /// Human detail.
+        detail: String,
+    },
     /// Only POST carries JSON-RPC.
     #[error("HTTP method {0} is not allowed; use POST")]
     HttpMethod(http::Method),
@@ -200,6 +211,9 @@ impl GatewayError {
                 (StatusCode::REQUEST_TIMEOUT, INVALID_REQUEST, "body_timeout")
             }
             GatewayError::BodyRead => (StatusCode::BAD_REQUEST, INVALID_REQUEST, "body_read"),
+            GatewayError::UnsupportedMedia { reason, .. } => {
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, INVALID_REQUEST, reason)
+            }
             GatewayError::HttpMethod(_) => (
                 StatusCode::METHOD_NOT_ALLOWED,
                 INVALID_REQUEST,

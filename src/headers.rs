@@ -63,24 +63,80 @@ pub(crate) fn keep_end_to_end(headers: &mut HeaderMap, extra_skip: impl Fn(&Head
 }
 
 /// Whether a client header speaks for the gateway and must not reach the Partner: its
-/// name, read with `_` as `-` (CGI and WSGI servers fold both to `HTTP_X_...`), is one the
-/// gateway sets or owns: identity (`x-aip-*`), proxy facts (`x-forwarded-*`,
-/// `forwarded`, `x-real-ip`), and `x-request-id` unless the client's is kept (it is then
-/// re-inserted by `trace::ensure`).
+/// name, read with `_` and `.` as `-` (CGI and WSGI servers fold `_` to `HTTP_X_...`, and
+/// some frameworks fold `.` too), is one the gateway sets or owns: identity (`x-aip-*`),
+/// proxy facts (`x-forwarded-*`, `forwarded`, `x-real-ip`, and the client-address headers
+/// of other proxies and CDNs: `client-ip`, `true-client-ip`, `x-client-ip`,
+/// `x-cluster-client-ip`, `cf-connecting-ip`, `fastly-client-ip`), and `x-request-id`
+/// unless the client's is kept (it is then re-inserted by `trace::ensure`). Also the
+/// body's framing and reading, which the gateway settles itself: `content-length`,
+/// `content-encoding` (a coded body is refused) and `expect` (a `100-continue` is
+/// answered by the gateway); `content-type` is replaced by the gateway's own
+/// (`layers::upstream_headers`).
 pub(crate) fn gateway_owned(name: &HeaderName) -> bool {
     let n = name.as_str();
-    if n == "host" || n == "content-length" {
+    if matches!(n, "host" | "content-length" | "content-encoding" | "expect") {
         return true;
     }
-    // Header names are lowercase already; only the separator needs folding. Names are
+    // Header names are lowercase already; only the separators need folding. Names are
     // short, so the fold is a stack copy.
     let mut buf = [0u8; 20];
     let len = n.len().min(buf.len());
     for (d, s) in buf.iter_mut().zip(n.as_bytes()) {
-        *d = if *s == b'_' { b'-' } else { *s };
+        *d = if matches!(*s, b'_' | b'.') { b'-' } else { *s };
     }
     let folded = &buf[..len];
     folded.starts_with(b"x-aip-")
         || folded.starts_with(b"x-forwarded-")
-        || (n.len() <= buf.len() && matches!(folded, b"forwarded" | b"x-real-ip" | b"x-request-id"))
+        || (n.len() <= buf.len()
+            && matches!(
+                folded,
+                b"forwarded"
+                    | b"x-real-ip"
+                    | b"x-request-id"
+                    | b"client-ip"
+                    | b"true-client-ip"
+                    | b"x-client-ip"
+                    | b"x-cluster-client-ip"
+                    | b"cf-connecting-ip"
+                    | b"fastly-client-ip"
+            ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn look_alikes_are_gateway_owned() {
+        for name in [
+            "x-aip-client-aic",
+            "x_aip_client_aic",
+            "x.aip.caller-aic",
+            "x-aip.client_cert-sha256",
+            "x.forwarded.for",
+            "x_real_ip",
+            "client-ip",
+            "true-client-ip",
+            "x-client-ip",
+            "x_cluster_client_ip",
+            "cf-connecting-ip",
+            "fastly.client.ip",
+            "expect",
+            "content-encoding",
+        ] {
+            let h = HeaderName::from_bytes(name.as_bytes()).unwrap();
+            assert!(gateway_owned(&h), "{name}");
+        }
+        for name in [
+            "x-aipx",
+            "x-client-id",
+            "accept",
+            "client-ip-x",
+            "traceparent",
+        ] {
+            let h = HeaderName::from_bytes(name.as_bytes()).unwrap();
+            assert!(!gateway_owned(&h), "{name}");
+        }
+    }
 }

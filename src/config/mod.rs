@@ -39,6 +39,8 @@ pub struct Config {
     pub dotted: crate::identity::aic::DottedCheck,
     /// Largest request body accepted.
     pub max_body_bytes: usize,
+    /// Deepest nesting of arrays and objects in a request body (unknown fields included).
+    pub max_json_depth: usize,
     /// Partner connection settings.
     pub upstream: UpstreamConfig,
     /// SSE relay bounds.
@@ -240,6 +242,12 @@ impl Config {
         if raw.limits.max_body_bytes == 0 {
             bail!("limits.max_body_bytes: must be at least 1");
         }
+        if raw.limits.max_json_depth < crate::jsonrpc::envelope::MIN_MAX_DEPTH {
+            bail!(
+                "limits.max_json_depth: must be at least {} (the envelope's own nesting)",
+                crate::jsonrpc::envelope::MIN_MAX_DEPTH
+            );
+        }
         if raw.replay.sweep_interval.is_zero() {
             bail!("replay.sweep_interval must be greater than zero");
         }
@@ -287,6 +295,7 @@ impl Config {
             aic_domain_suffix: suffix,
             dotted,
             max_body_bytes: raw.limits.max_body_bytes,
+            max_json_depth: raw.limits.max_json_depth,
             upstream: UpstreamConfig::try_from(&raw.upstream)?,
             stream: crate::sse::relay::StreamSettings::try_from(&raw.stream)?,
             replay: crate::sse::memory::ReplayLimits::try_from(&raw.replay)?,
@@ -367,6 +376,7 @@ rpc = "/acps-aip-v1/rpc"
         assert_eq!(c.listener.max_connections_per_ip, 256);
         assert_eq!(c.listener.unverified_idle_timeout, Duration::from_secs(5));
         assert_eq!(c.max_body_bytes, 1 << 20);
+        assert_eq!(c.max_json_depth, 64);
         assert_eq!(c.aic_domain_suffix, "acps.pub");
         let p = &c.partners[0];
         assert_eq!(p.prefix, "/partners/demo");
@@ -394,6 +404,8 @@ rpc = "/acps-aip-v1/rpc"
         assert!(e.contains("upstreams[0]"), "{e}");
         let e = error_of(&format!("{BASE}\n[limits]\nmax_body_bytes = 0"));
         assert!(e.contains("limits.max_body_bytes"), "{e}");
+        let e = error_of(&format!("{BASE}\n[limits]\nmax_json_depth = 3"));
+        assert!(e.contains("limits.max_json_depth"), "{e}");
         let e = error_of(&BASE.replace("name = \"demo\"", "name = \"demo\"\naic = \"123\""));
         assert!(e.contains("aic"), "{e}");
         let twice = format!("{BASE}\n{}", &BASE[BASE.find("[[partner]]").unwrap()..]);

@@ -501,12 +501,20 @@ pub struct RawLimits {
     /// Largest request body accepted.
     #[serde(default = "default_max_body")]
     pub max_body_bytes: usize,
+    /// Deepest nesting of arrays and objects in a body, unknown fields included.
+    #[serde(default = "default_max_json_depth")]
+    pub max_json_depth: usize,
+}
+
+fn default_max_json_depth() -> usize {
+    crate::jsonrpc::envelope::DEFAULT_MAX_DEPTH
 }
 
 impl Default for RawLimits {
     fn default() -> Self {
         RawLimits {
             max_body_bytes: default_max_body(),
+            max_json_depth: default_max_json_depth(),
         }
     }
 }

@@ -1,7 +1,10 @@
-//! `Envelope`: the body is parsed by borrowing (valid UTF-8 JSON only), which yields the
-//! id every later answer echoes; its JSON-RPC and AIP semantics are checked, the path's
-//! method must match the body's, and a Partner pinned to one AIP generation gets only
-//! that generation's shape. What later steps need is kept as a [`Call`].
+//! `Envelope`: the body is parsed by borrowing (valid UTF-8 JSON only, nested at most
+//! `limits.max_json_depth` deep, unknown fields included), which yields the id every
+//! later answer echoes; the body must be declared as what the gateway reads it as
+//! (`application/json`, or no type, in UTF-8, without a content coding: HTTP 415
+//! otherwise); its JSON-RPC and AIP semantics are checked, the path's method must match
+//! the body's, and a Partner pinned to one AIP generation gets only that generation's
+//! shape. What later steps need is kept as a [`Call`].
 
 use bytes::Bytes;
 
@@ -31,8 +34,9 @@ impl Check<Bytes> for EnvelopeStep {
 /// Parses and checks the envelope, filling the exchange's id, call and log.
 fn read(x: &mut Exchange<Bytes>) -> Result<(), GatewayError> {
     let (body, x) = (&x.body, &mut *x.state);
-    let parsed = jsonrpc::parse(body);
+    let parsed = jsonrpc::envelope::parse_within(body, x.snap.config.max_json_depth);
     x.id = id_of_parsed(body, &parsed);
+    check_media(&x.head.headers)?;
     let envelope = parsed.map_err(|f| f.error)?.validate()?;
     let call = Call::of(body, &envelope);
     let log = &mut x.log;
@@ -56,6 +60,56 @@ fn read(x: &mut Exchange<Bytes>) -> Result<(), GatewayError> {
     let partner = &route.partner.config;
     check_generation(partner.aip_version, call.method, call.shape, &partner.name)?;
     x.call = Some(call);
+    Ok(())
+}
+
+/// The body must be declared as the gateway reads it: `application/json` (or no type) in
+/// UTF-8, with no content coding. The Partner gets the gateway's own `content-type` and
+/// no `content-encoding` (`layers::upstream_headers`), so it reads the very text checked
+/// here; a client that declared another reading is refused rather than reinterpreted.
+fn check_media(headers: &http::HeaderMap) -> Result<(), GatewayError> {
+    use http::header::{CONTENT_ENCODING, CONTENT_TYPE};
+    let refuse = |reason, detail: String| Err(GatewayError::UnsupportedMedia { reason, detail });
+    for value in headers.get_all(CONTENT_TYPE) {
+        let text = value.to_str().unwrap_or("\u{fffd}");
+        let mut parts = text.split(';');
+        let essence = parts.next().unwrap_or("").trim();
+        if !essence.eq_ignore_ascii_case("application/json") {
+            return refuse(
+                "unsupported_media_type",
+                format!("Content-Type {text:?} is not application/json"),
+            );
+        }
+        for param in parts {
+            let Some((name, v)) = param.split_once('=') else {
+                continue;
+            };
+            let v = v.trim();
+            let v = v
+                .strip_prefix('"')
+                .and_then(|v| v.strip_suffix('"'))
+                .unwrap_or(v);
+            if name.trim().eq_ignore_ascii_case("charset") && !v.eq_ignore_ascii_case("utf-8") {
+                return refuse(
+                    "unsupported_charset",
+                    format!("Content-Type {text:?}: the body must be UTF-8"),
+                );
+            }
+        }
+    }
+    for value in headers.get_all(CONTENT_ENCODING) {
+        let text = value.to_str().unwrap_or("\u{fffd}");
+        let coded = text
+            .split(',')
+            .map(str::trim)
+            .any(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"));
+        if coded {
+            return refuse(
+                "unsupported_encoding",
+                format!("Content-Encoding {text:?}: send the body without a content coding"),
+            );
+        }
+    }
     Ok(())
 }
 

@@ -284,7 +284,9 @@ pub fn upstream_request(body: Bytes, uri: http::Uri, headers: HeaderMap) -> Requ
 }
 
 /// The request headers for the Partner: end-to-end client headers, minus anything the
-/// client claims about its identity or the path it came by, plus the verified identity
+/// client claims about its identity or the path it came by and how to read the body
+/// (`content-type`, `content-encoding`, `expect`), plus `content-type: application/json`
+/// (the reading the gateway checked), the verified identity
 /// and the gateway's own view of the hop (`x-forwarded-for`, `x-forwarded-proto` and an
 /// equivalent `Forwarded`). A client `x-request-id` worth keeping is passed separately.
 pub fn upstream_headers(
@@ -293,8 +295,14 @@ pub fn upstream_headers(
     forwarded: &[HeaderValue; 2],
 ) -> HeaderMap {
     keep_end_to_end(&mut headers, gateway_owned);
-    // Room for the five set here and the two trace headers, made once.
-    headers.reserve(7);
+    // Room for the six set here and the two trace headers, made once.
+    headers.reserve(8);
+    // The body was read (and checked) as UTF-8 JSON without a content coding: the
+    // Partner is told exactly that, whatever the client declared.
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     let [aic, cert] = &identity.headers;
     headers.insert(names::CLIENT_AIC.clone(), aic.clone());
     headers.insert(names::CLIENT_CERT.clone(), cert.clone());

@@ -10,7 +10,8 @@
 //! Route          POST only; host + path -> Partner
 //! Quota          per-AIC and per-Partner quotas, before the body is read
 //! ReadBody       whole body, bounded in size and time, one Bytes
-//! Envelope       borrowed parse (the id to echo), semantics, path method, generation
+//! Envelope       borrowed parse (the id to echo), nesting depth, media type, charset and
+//!                coding, semantics, path method, generation
 //! CatchPanic     a later panic answers -32603 with the id
 //! StrictQuota    cluster mode: quotas marked `strict`, one Redis call per request
 //! Policy         senderId binding, role, access rules, task ownership

@@ -1,5 +1,6 @@
-//! `Policy`: who may call what. `params.message.senderId` must be the caller's own AIC
-//! (and a `group` invitation's leader too), then the sender role, the Partner's access
+//! `Policy`: who may call what. `params.message.senderId` (or `params.command.senderId`),
+//! in every method that carries one, must be the caller's own AIC (and a `group`
+//! invitation's leader too), then the sender role, the Partner's access
 //! rules, and task ownership: a `start` claims its task provisionally (kept only if the
 //! Partner accepts it), other commands must come from the task's owner. In cluster mode
 //! what needs Redis (a new claim, an owner not known here) is left to `Owners`.

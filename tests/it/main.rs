@@ -2,6 +2,7 @@
 //! Integration tests: real TLS and real HTTP on loopback, certificates generated here.
 
 mod auth;
+mod body_rules;
 mod claims;
 mod cluster;
 mod cluster_replay;
