@@ -31,14 +31,7 @@ impl Raw {
 
     /// `(error.code, error.data.reason)`.
     fn error(&self) -> (i64, String) {
-        let v = self.json();
-        (
-            v["error"]["code"].as_i64().unwrap_or(0),
-            v["error"]["data"]["reason"]
-                .as_str()
-                .unwrap_or("")
-                .to_owned(),
-        )
+        error_of(&self.json())
     }
 
     fn text(&self) -> String {

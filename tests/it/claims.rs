@@ -179,6 +179,17 @@ async fn send_and_hang(leader: &Leader, addr: SocketAddr, path: &str, body: Stri
     Hanging { conn, request }
 }
 
+/// A's `start` of `task` reaches the Partner, and A leaves before the answer (its
+/// connection closed, and the gateway has seen it go); the start's id at the Partner.
+async fn start_and_leave(gw: &TestGateway, partner: &Scripted, a: &Leader, task: &str) -> String {
+    let body = command("rpc", "a1", LEADER_A, task, "start");
+    let hanging = send_and_hang(a, gw.addr, "/p/rpc", body).await;
+    let id = partner.next_start().await;
+    drop(hanging);
+    metric(gw, "aipgw_open_connections", 0.0).await; // the gateway saw A leave
+    id
+}
+
 fn claims(outcome: &str) -> String {
     format!("aipgw_task_claims_total{{outcome=\"{outcome}\"}}")
 }
@@ -193,16 +204,7 @@ async fn a_start_stays_claimed_when_its_leader_leaves() {
     let gw = start_gateway(&pki.config("", &partner_block("p", "/p", &partner.url(), ""))).await;
     let a = pki.leader(LEADER_A, true);
     let b = pki.leader(LEADER_B, false);
-    let hanging = send_and_hang(
-        &a,
-        gw.addr,
-        "/p/rpc",
-        command("rpc", "a1", LEADER_A, "victim-task", "start"),
-    )
-    .await;
-    let id = partner.next_start().await;
-    drop(hanging);
-    metric(&gw, "aipgw_open_connections", 0.0).await; // the gateway saw A leave
+    let id = start_and_leave(&gw, &partner, &a, "victim-task").await;
     let get = command("rpc", "b1", LEADER_B, "victim-task", "get");
     let r = b.post(gw.addr, "/p/rpc", &get).await.unwrap();
     assert_eq!(
@@ -291,16 +293,7 @@ async fn a_start_refused_after_its_leader_left_claims_nothing() {
     let gw = start_gateway(&pki.config("", &partner_block("p", "/p", &partner.url(), ""))).await;
     let a = pki.leader(LEADER_A, true);
     let b = pki.leader(LEADER_B, false);
-    let hanging = send_and_hang(
-        &a,
-        gw.addr,
-        "/p/rpc",
-        command("rpc", "a1", LEADER_A, "shared", "start"),
-    )
-    .await;
-    let id = partner.next_start().await;
-    drop(hanging);
-    metric(&gw, "aipgw_open_connections", 0.0).await;
+    let id = start_and_leave(&gw, &partner, &a, "shared").await;
     partner.answer(&id, Answer::rpc_error());
     metric(&gw, &claims("refused"), 1.0).await;
     let start = command("rpc", "b1", LEADER_B, "shared", "start");
@@ -429,16 +422,7 @@ async fn a_start_whose_leader_left_holds_its_permit() {
     .await;
     let a = pki.leader(LEADER_A, true);
     let b = pki.leader(LEADER_B, false);
-    let hanging = send_and_hang(
-        &a,
-        gw.addr,
-        "/p/rpc",
-        command("rpc", "a1", LEADER_A, "busy", "start"),
-    )
-    .await;
-    let id = partner.next_start().await;
-    drop(hanging);
-    metric(&gw, "aipgw_open_connections", 0.0).await;
+    let id = start_and_leave(&gw, &partner, &a, "busy").await;
     let get = command("rpc", "b1", LEADER_B, "other", "get");
     let r = b.post(gw.addr, "/p/rpc", &get).await.unwrap();
     assert_eq!(

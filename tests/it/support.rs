@@ -357,6 +357,17 @@ async fn serve_partner<I>(
         .await;
 }
 
+/// A JSON-RPC answer's `(error.code, error.data.reason)`; `(0, "")` for none.
+pub fn error_of(v: &serde_json::Value) -> (i64, String) {
+    (
+        v["error"]["code"].as_i64().unwrap_or(0),
+        v["error"]["data"]["reason"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned(),
+    )
+}
+
 /// A reply as the Leader saw it.
 #[derive(Debug)]
 pub struct Reply {
@@ -373,14 +384,7 @@ impl Reply {
 
     /// `(error.code, error.data.reason)`.
     pub fn error(&self) -> (i64, String) {
-        let v = self.json();
-        (
-            v["error"]["code"].as_i64().unwrap_or(0),
-            v["error"]["data"]["reason"]
-                .as_str()
-                .unwrap_or("")
-                .to_owned(),
-        )
+        error_of(&self.json())
     }
 
     pub fn text(&self) -> String {
