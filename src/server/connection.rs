@@ -1,0 +1,424 @@
+//! One connection, from its TLS handshake to its close: the handshake under its timeout,
+//! identity once, HTTP/1.1 or HTTP/2 by ALPN, the idle and drain watchers, and what a
+//! connection-level protocol error is counted as.
+
+use super::idle::{Activity, ActivityGuard};
+use super::*;
+use crate::identity::Aic;
+
+/// An idle connection asked to close (evicted, or unverified past its short idle
+/// timeout) gets this long to finish cleanly (an HTTP/2 client answering the GOAWAY's
+/// PING); then it is dropped.
+pub(super) const CLOSE_GRACE: Duration = Duration::from_millis(100);
+
+pub(super) async fn serve_connection(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    gateway: Arc<Gateway>,
+    drain: watch::Receiver<bool>,
+    slots: ConnSlots,
+) {
+    let ConnSlots {
+        permit: _permit,
+        handshake: handshake_slot,
+        per_ip: _per_ip,
+        idle: idle_conns,
+    } = slots;
+    // The snapshot of the accept: TLS settings for this handshake and the connection's
+    // timeouts. Requests use the snapshot current when they arrive.
+    let snap = gateway.snapshot();
+    let l = &snap.config.listener;
+    let metrics = snap.metrics.clone();
+    let _open = counted_open(&metrics);
+    let _ = tcp.set_nodelay(true);
+    let Some(tls) = handshake(tcp, peer, &snap).await else {
+        return;
+    };
+    drop(handshake_slot);
+    let (_, session) = tls.get_ref();
+    let h2 = session.alpn_protocol() == Some(b"h2".as_slice());
+    let conn = Arc::new(ConnInfo::accepted(peer, session, &snap));
+    let aic = match conn.identity.last() {
+        ConnAuth::Verified(id) => Some(id.aic),
+        _ => None,
+    };
+    let verified = aic.is_some();
+    let activity = Arc::new(Activity::new(verified));
+    let _registered = idle_conns.register(&activity);
+    let bounds = Bounds::for_connection(l, verified);
+    // The request path (`crate::layers`), built once for this connection, ending in
+    // the Partner call.
+    let stack = layers::stack(gateway, conn.clone(), Forward);
+    let svc = requests(stack, &activity, conn, verified, h2);
+    let io = TokioIo::new(tls);
+    let (why, ended) = if h2 {
+        let mut b = http2::Builder::new(TokioExecutor::new());
+        b.timer(TokioTimer::new())
+            .max_concurrent_streams(l.http2_max_concurrent_streams)
+            .keep_alive_interval(Some(l.idle_timeout))
+            .keep_alive_timeout(l.http2_keepalive_timeout);
+        drive(b.serve_connection(io, svc), &activity, bounds, drain).await
+    } else {
+        let mut b = http1::Builder::new();
+        b.timer(HeadTimer::new())
+            .header_read_timeout(l.header_read_timeout)
+            .keep_alive(true);
+        drive(b.serve_connection(io, svc), &activity, bounds, drain).await
+    };
+    // Counted here, not on the request path: hyper may end an HTTP/1.1 connection with
+    // `Connection: close` before `drive` sees the ask.
+    if activity.why() == Asked::Reply {
+        closed(&metrics, "unverified_reply");
+    } else if why == Some(Why::Idle) && !verified {
+        closed(&metrics, "unverified_idle");
+    }
+    if let Err(e) = ended {
+        ended_with_error(&metrics, peer, aic.as_ref(), &e);
+    }
+}
+
+/// Counts the connection open (its worker's count, then the total) until the guard goes
+/// (the total, then its worker's), so a scrape that sees the total settled sees the
+/// workers' settled too.
+fn counted_open(metrics: &Arc<Metrics>) -> impl Drop {
+    let on_worker = crate::workers::current().map(|worker| {
+        let g = metrics
+            .worker_connections
+            .get_or_create(&crate::metrics::WorkerLabels { worker })
+            .clone();
+        g.inc();
+        g
+    });
+    metrics.open_connections.inc();
+    let metrics = metrics.clone();
+    scopeguard(move || {
+        if let Some(g) = &on_worker {
+            g.dec();
+        }
+        metrics.open_connections.dec();
+    })
+}
+
+/// The TLS handshake under `listener.handshake_timeout`, counted as full or resumed, or
+/// as a failure by reason.
+async fn handshake(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    snap: &crate::gateway::Snapshot,
+) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+    let acceptor = TlsAcceptor::from(snap.tls.config.clone());
+    let timeout = snap.config.listener.handshake_timeout;
+    let failed = |reason| {
+        let labels = ReasonLabels { reason };
+        snap.metrics.handshake_failures.get_or_create(&labels).inc();
+        None
+    };
+    let tls = match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            return failed("tls_error");
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "TLS handshake timed out");
+            return failed("timeout");
+        }
+    };
+    let kind = match tls.get_ref().1.handshake_kind() {
+        Some(rustls::HandshakeKind::Resumed) => "resumed",
+        _ => "full",
+    };
+    snap.metrics
+        .handshakes
+        .get_or_create(&KindLabels { kind })
+        .inc();
+    Some(tls)
+}
+
+/// The connection's requests: each through `stack`, counted active until its response
+/// body ends; on a connection unverified at its handshake, a refusal's answer is its
+/// last.
+fn requests(
+    stack: layers::Stack<Forward>,
+    activity: &Arc<Activity>,
+    conn: Arc<ConnInfo>,
+    verified: bool,
+    h2: bool,
+) -> impl hyper::service::Service<
+    http::Request<hyper::body::Incoming>,
+    Response = http::Response<Held<crate::access_log::Logged, ActivityGuard>>,
+    Error = Infallible,
+    Future: Send,
+> + Clone {
+    let activity = activity.clone();
+    service_fn(move |req| {
+        let guard = activity.begin();
+        let answer = stack.clone().oneshot(req);
+        // Looked at after the answer only on a connection unverified at its handshake.
+        let unverified = (!verified).then(|| conn.clone());
+        async move {
+            let mut resp = answer.await?;
+            // Refused on a connection that had no verified AIC at its handshake: this
+            // answer is its last. (One verified then and refused since, after a reload or
+            // a block, stays open: a later reload may admit it again.)
+            let refused = unverified.is_some_and(|c| c.auth_refused.load(Ordering::Relaxed));
+            if refused {
+                if !h2 {
+                    resp.headers_mut().insert(
+                        http::header::CONNECTION,
+                        http::HeaderValue::from_static("close"),
+                    );
+                }
+                guard.0.ask(Asked::Reply);
+            }
+            // The request counts as active until its response body ends.
+            Ok::<_, Infallible>(resp.map(|body| Held::new(body, guard)))
+        }
+    })
+}
+
+/// A connection that hyper ended with an error: malformed HTTP is counted by reason and
+/// written to the access log (so an audit sees every refused request); anything else is
+/// a debug line.
+fn ended_with_error(metrics: &Metrics, peer: SocketAddr, aic: Option<&Aic>, e: &hyper::Error) {
+    let Some(reason) = protocol_error(e) else {
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
+        return;
+    };
+    metrics
+        .http_errors
+        .get_or_create(&ReasonLabels { reason })
+        .inc();
+    let status: u16 = match reason {
+        "head_too_large" => 431,
+        "uri_too_long" => 414,
+        "http2_protocol" => 0,
+        _ => 400,
+    };
+    let aic = aic.map_or("", |a| a.as_str());
+    tracing::info!(
+        target: "aipgw::access",
+        peer = %peer,
+        aic,
+        status,
+        reason,
+        error = %e,
+        "malformed HTTP refused"
+    );
+}
+
+/// The reason label of a connection's error when it is the client's malformed HTTP
+/// (answered by hyper itself: 400, 414 or 431 on HTTP/1.1, a GOAWAY on HTTP/2), `None`
+/// for anything else (a client gone, a timeout, an I/O error).
+pub(super) fn protocol_error(e: &hyper::Error) -> Option<&'static str> {
+    if e.is_parse_too_large() {
+        return Some(if e.to_string().contains("URI") {
+            "uri_too_long"
+        } else {
+            "head_too_large"
+        });
+    }
+    if e.is_parse() {
+        // hyper names the kind of a parse error only in its message.
+        let text = e.to_string();
+        let reason = if text.contains("content-length") {
+            "bad_content_length"
+        } else if text.contains("transfer-encoding") {
+            "bad_transfer_encoding"
+        } else if text.contains("header") {
+            "bad_header"
+        } else if text.contains("method") {
+            "bad_method"
+        } else if text.contains("version") {
+            "bad_version"
+        } else if text.contains("URI") {
+            "bad_uri"
+        } else {
+            "malformed"
+        };
+        return Some(reason);
+    }
+    // HTTP/2: a connection error h2 detected in what the client sent.
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if s.to_string().starts_with("connection error detected") {
+            return Some("http2_protocol");
+        }
+        source = s.source();
+    }
+    None
+}
+
+/// A connection's bounds for [`drive`].
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Bounds {
+    /// It is asked to finish after this long with no request in flight.
+    pub(super) idle: Duration,
+    /// Then dropped if it has not finished after this long (`None`: waited for).
+    pub(super) idle_grace: Option<Duration>,
+    /// Asked to finish after a refusal's answer ([`Asked::Reply`]), it is dropped if it
+    /// has not finished after this long.
+    pub(super) reply_grace: Duration,
+}
+
+impl Bounds {
+    /// A connection without a verified AIC has nothing to do but be refused: it may stay
+    /// idle only briefly, and after a refusal's answer it is closed.
+    fn for_connection(l: &crate::config::ListenerConfig, verified: bool) -> Bounds {
+        Bounds {
+            idle: if verified {
+                l.idle_timeout
+            } else {
+                l.unverified_idle_timeout.min(l.idle_timeout)
+            },
+            idle_grace: (!verified).then_some(CLOSE_GRACE),
+            reply_grace: l.unverified_idle_timeout,
+        }
+    }
+}
+
+/// Why [`drive`] asked a connection to finish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Why {
+    /// The listener drains.
+    Drain,
+    /// No request in flight for its idle timeout.
+    Idle,
+    /// Asked from outside its task ([`Activity::ask`]).
+    Asked(Asked),
+}
+
+/// Why a connection was asked to close from outside its task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(super) enum Asked {
+    /// Its refusal for want of a verified AIC has been answered.
+    Reply = 1,
+    /// Closed while idle to admit a new connection.
+    Evicted = 2,
+    /// Already closing for its own reasons (drain, idle): nothing more to ask.
+    Closing = 3,
+}
+
+/// Runs a connection to its end; on drain or idleness, or when asked
+/// ([`Activity::ask`]), asks it to finish gracefully (in-flight requests complete, then
+/// it closes). Returns why it was asked, if it was, and how it ended.
+///
+/// Once asked, it may take some time to finish before it is dropped (an HTTP/2 client
+/// that never answers the GOAWAY's PING would otherwise keep it until the keep-alive
+/// timeout): see [`Bounds`]; an evicted connection with no request in flight then gets
+/// [`CLOSE_GRACE`].
+///
+/// The watchers are polled only when one of them has woken the task (and at the first
+/// poll), not at every poll of the connection: polled each time, they re-registered the
+/// task with the drain channel (a lock) and the idle timer at every wake-up of the
+/// connection, several per request.
+pub(super) async fn drive<C: Closable>(
+    conn: C,
+    activity: &Activity,
+    bounds: Bounds,
+    mut drain: watch::Receiver<bool>,
+) -> (Option<Why>, Result<(), C::Failure>) {
+    let Bounds {
+        idle,
+        idle_grace,
+        reply_grace,
+    } = bounds;
+    let mut conn = std::pin::pin!(conn);
+    let watch = async {
+        tokio::select! {
+            _ = drain.changed() => Why::Drain,
+            _ = activity.idle_for(idle) => Why::Idle,
+            _ = activity.asked.notified() => Why::Asked(activity.why()),
+        }
+    };
+    let mut watch = std::pin::pin!(watch);
+    let signal = Arc::new(Signal::default());
+    let watcher = Waker::from(signal.clone());
+    let mut why = None;
+    // Once asked to finish: when to drop it if it has not, and whether only when no
+    // request is in flight then.
+    let mut force: Option<(Pin<Box<tokio::time::Sleep>>, bool)> = None;
+    let ended = std::future::poll_fn(|cx| {
+        signal.task.register(cx.waker());
+        if why.is_none()
+            && signal.woken.load(Ordering::Acquire)
+            && signal.woken.swap(false, Ordering::AcqRel)
+        {
+            let mut wcx = Context::from_waker(&watcher);
+            if let std::task::Poll::Ready(w) = watch.as_mut().poll(&mut wcx) {
+                why = Some(w);
+                // Later asks (to evict it) find it closing already.
+                activity.ask_once(Asked::Closing);
+                let grace = match w {
+                    Why::Drain => None,
+                    Why::Idle => idle_grace.map(|d| (d, false)),
+                    Why::Asked(Asked::Evicted) => Some((CLOSE_GRACE, true)),
+                    Why::Asked(_) => Some((reply_grace, false)),
+                };
+                force = grace.map(|(d, if_idle)| (Box::pin(tokio::time::sleep(d)), if_idle));
+                conn.as_mut().close_gracefully();
+            }
+        }
+        let polled = conn.as_mut().poll(cx);
+        if polled.is_pending() {
+            if let Some((deadline, if_idle)) = &mut force {
+                if deadline.as_mut().poll(cx).is_ready() {
+                    if !*if_idle || activity.active.load(Ordering::Acquire) == 0 {
+                        return std::task::Poll::Ready(Ok(()));
+                    }
+                    // A request came in meanwhile: it finishes as after a drain.
+                    force = None;
+                }
+            }
+        }
+        polled
+    })
+    .await;
+    (why, ended)
+}
+
+/// What [`drive`] needs of a connection: to run, and to be asked to finish.
+pub(super) trait Closable: Future<Output = Result<(), Self::Failure>> {
+    type Failure: std::fmt::Display;
+    fn close_gracefully(self: Pin<&mut Self>);
+}
+
+impl<C> Closable for C
+where
+    C: GracefulConnection,
+    C::Error: std::fmt::Display,
+{
+    type Failure = C::Error;
+    fn close_gracefully(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+/// The waker [`drive`]'s watchers hold: it marks that they asked to be polled, and wakes
+/// the connection's task.
+pub(super) struct Signal {
+    woken: AtomicBool,
+    task: AtomicWaker,
+}
+
+impl Default for Signal {
+    fn default() -> Signal {
+        Signal {
+            // Polled at first, which registers them.
+            woken: AtomicBool::new(true),
+            task: AtomicWaker::new(),
+        }
+    }
+}
+
+impl Wake for Signal {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::Release);
+        self.task.wake();
+    }
+}
