@@ -460,10 +460,19 @@ fn check_text(body: &[u8]) -> Result<&str, EnvelopeError> {
 /// A body with at most `max` brackets that open cannot be deeper, which one vectorised
 /// count settles for nearly every request; only others are walked byte by byte, strings
 /// (and their escapes) skipped.
+#[inline]
 fn check_depth(body: &[u8], max: usize) -> Result<(), EnvelopeError> {
     if opens_at_most(body, max) {
         return Ok(());
     }
+    walk_depth(body, max)
+}
+
+/// [`check_depth`]'s walk, for a body with more than `max` opening brackets (rare: kept
+/// out of line so that the common path stays small).
+#[cold]
+#[inline(never)]
+fn walk_depth(body: &[u8], max: usize) -> Result<(), EnvelopeError> {
     let (mut depth, mut i) = (0usize, 0usize);
     while let Some(&b) = body.get(i) {
         match b {
