@@ -9,6 +9,13 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod cluster;
+mod defaults;
+
+use defaults::*;
+
+pub use cluster::{RawCluster, RawClusterRateLimit, RawClusterReplay};
+
 // Settings enums that belong to the modules acting on them; the file reads them here.
 pub use crate::cluster::{ClusterMode, OnClusterError};
 pub use crate::error::ErrorStatus;
@@ -62,190 +69,19 @@ pub struct RawConfig {
     pub cluster: RawCluster,
 }
 
-/// `[cluster]`: read at start (a reload that changes it is refused; restart instead).
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawCluster {
-    /// `local` (one instance, state in memory) or `redis` (shared through Redis).
-    #[serde(default)]
-    pub mode: ClusterMode,
-    /// `redis://host:port[/db]`, or `rediss://` for TLS (with `tls_ca`, and `tls_cert` +
-    /// `tls_key` for a client certificate).
-    #[serde(default = "default_redis_url")]
-    pub redis_url: String,
-    /// CA bundle for `rediss://` (default: the system's roots).
-    #[serde(default)]
-    pub tls_ca: Option<PathBuf>,
-    /// Client certificate for `rediss://`.
-    #[serde(default)]
-    pub tls_cert: Option<PathBuf>,
-    /// Its key.
-    #[serde(default)]
-    pub tls_key: Option<PathBuf>,
-    /// Every key the gateway writes starts with this.
-    #[serde(default = "default_key_prefix")]
-    pub key_prefix: String,
-    /// This instance's name in shared state (default: host name and process id).
-    #[serde(default)]
-    pub instance_id: String,
-    /// A Redis command that takes longer counts as failed.
-    #[serde(default = "d25ms", with = "humantime_serde")]
-    pub command_timeout: Duration,
-    /// A connection attempt that takes longer fails (and is retried in the background).
-    #[serde(default = "d1s", with = "humantime_serde")]
-    pub connect_timeout: Duration,
-    /// What quotas do while Redis cannot be reached.
-    #[serde(default)]
-    pub on_error: OnClusterError,
-    /// A stream's lease (open streams per AIC across instances) lasts this long unless
-    /// renewed; the instance renews its leases every third of it.
-    #[serde(default = "d30s", with = "humantime_serde")]
-    pub stream_lease_ttl: Duration,
-    /// Shared quotas.
-    #[serde(default)]
-    pub ratelimit: RawClusterRateLimit,
-    /// The replay buffer shared: re-streams served by any instance.
-    #[serde(default)]
-    pub replay: RawClusterReplay,
-}
-
-impl Default for RawCluster {
-    fn default() -> Self {
-        RawCluster {
-            mode: ClusterMode::default(),
-            redis_url: default_redis_url(),
-            tls_ca: None,
-            tls_cert: None,
-            tls_key: None,
-            key_prefix: default_key_prefix(),
-            instance_id: String::new(),
-            command_timeout: d25ms(),
-            connect_timeout: d1s(),
-            on_error: OnClusterError::default(),
-            stream_lease_ttl: d30s(),
-            ratelimit: RawClusterRateLimit::default(),
-            replay: RawClusterReplay::default(),
-        }
-    }
-}
-
-/// `[cluster.ratelimit]`
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawClusterRateLimit {
-    /// How often each instance reports the requests it admitted and takes the shared
-    /// state back.
-    #[serde(default = "d250ms", with = "humantime_serde")]
-    pub sync_interval: Duration,
-    /// Quota keys sent in one script call at most (a sync with more is split).
-    #[serde(default = "default_sync_batch")]
-    pub max_keys_per_call: usize,
-}
-
-impl Default for RawClusterRateLimit {
-    fn default() -> Self {
-        RawClusterRateLimit {
-            sync_interval: d250ms(),
-            max_keys_per_call: default_sync_batch(),
-        }
-    }
-}
-
-/// `[cluster.replay]`
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawClusterReplay {
-    /// Whether recorded streams are also written to Redis, so a `re-stream` reaching
-    /// another instance is served from them.
-    #[serde(default = "yes")]
-    pub enabled: bool,
-    /// Events waiting to be written to Redis, in all; a stream whose event finds the queue
-    /// full is marked with a gap (and no longer served by other instances).
-    #[serde(default = "default_replay_queue")]
-    pub queue_events: usize,
-    /// Entries written, or read by a follower on another instance, in one round trip at
-    /// most.
-    #[serde(default = "default_replay_batch")]
-    pub batch_events: usize,
-    /// A write round trip that takes longer fails (its streams are marked with a gap).
-    #[serde(default = "d250ms", with = "humantime_serde")]
-    pub write_timeout: Duration,
-    /// The recording instance's lease on a live stream lasts this long unless renewed
-    /// (every third of it); another instance serves a live stream only while it is held.
-    #[serde(default = "d10s", with = "humantime_serde")]
-    pub recorder_lease_ttl: Duration,
-    /// A follower on another instance waits this long for new events per read, then
-    /// checks the recorder's lease and renews its own.
-    #[serde(default = "d1s", with = "humantime_serde")]
-    pub read_block: Duration,
-    /// Leaders followed from Redis at once by this instance (one Redis connection each);
-    /// past it, re-streams are forwarded to the Partner.
-    #[serde(default = "default_remote_followers")]
-    pub max_remote_followers: usize,
-    /// At shutdown, how long the gateway waits for the write queue to empty (so the ends
-    /// of the streams the drain closed reach Redis).
-    #[serde(default = "d1s", with = "humantime_serde")]
-    pub flush_timeout: Duration,
-}
-
-impl Default for RawClusterReplay {
-    fn default() -> Self {
-        RawClusterReplay {
-            enabled: true,
-            queue_events: default_replay_queue(),
-            batch_events: default_replay_batch(),
-            write_timeout: d250ms(),
-            recorder_lease_ttl: d10s(),
-            read_block: d1s(),
-            max_remote_followers: default_remote_followers(),
-            flush_timeout: d1s(),
-        }
-    }
-}
-
-fn default_replay_queue() -> usize {
-    10_000
-}
-fn default_replay_batch() -> usize {
-    256
-}
-fn default_remote_followers() -> usize {
-    1024
-}
-
-fn default_redis_url() -> String {
-    "redis://127.0.0.1:6379".into()
-}
-fn default_key_prefix() -> String {
-    "aipgw:".into()
-}
-fn d25ms() -> Duration {
-    Duration::from_millis(25)
-}
-fn d250ms() -> Duration {
-    Duration::from_millis(250)
-}
-fn d1s() -> Duration {
-    Duration::from_secs(1)
-}
-fn default_sync_batch() -> usize {
-    1000
-}
-
 /// `[runtime]`: read once at start (a reload does not change it).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[serde(default)]
 pub struct RawRuntime {
     /// Worker threads serving connections; `0` (the default) means one per CPU the
     /// process may run on (its affinity mask, so `taskset -c 1 aipgw` runs one).
-    #[serde(default)]
     pub worker_threads: usize,
     /// How connections are spread over the worker threads.
-    #[serde(default)]
     pub scheduler: Scheduler,
     /// Each per-core worker hands its allocation cache back this often, so memory freed
     /// after a burst can be returned while the worker is quiet; `0s` never.
-    #[serde(default = "d10s", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub cache_flush_interval: Duration,
 }
 
@@ -276,28 +112,27 @@ pub enum Scheduler {
 /// `[stream]`
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[serde(default)]
 pub struct RawStream {
     /// A keep-alive comment goes to a Leader after this long without an event.
-    #[serde(default = "d15s", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub keepalive_interval: Duration,
     /// A Partner stream that sends nothing for this long fails.
-    #[serde(default = "d5m", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub idle_timeout: Duration,
     /// With no Leader following for this long, the Partner stream is cancelled.
-    #[serde(default = "d5m", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub detach_timeout: Duration,
     /// Largest SSE event accepted from a Partner.
-    #[serde(default = "default_max_event")]
     pub max_event_bytes: usize,
     /// What a Leader gets when a Partner's stream fails before a terminal state.
-    #[serde(default)]
     pub on_upstream_failure: OnUpstreamFailure,
 }
 
 impl Default for RawStream {
     fn default() -> Self {
         RawStream {
-            keepalive_interval: d15s(),
+            keepalive_interval: Duration::from_secs(15),
             idle_timeout: d5m(),
             detach_timeout: d5m(),
             max_event_bytes: default_max_event(),
@@ -309,36 +144,33 @@ impl Default for RawStream {
 /// `[replay]`
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[serde(default)]
 pub struct RawReplay {
     /// Events kept per stream.
-    #[serde(default = "default_events_per_stream")]
     pub max_events_per_stream: usize,
     /// Bytes kept per stream.
-    #[serde(default = "default_bytes_per_stream")]
     pub max_bytes_per_stream: usize,
     /// Bytes kept for all streams together.
-    #[serde(default = "default_total_bytes")]
     pub max_total_bytes: usize,
     /// Streams kept.
-    #[serde(default = "default_max_streams")]
     pub max_streams: usize,
     /// How long a finished stream stays replayable.
-    #[serde(default = "d10m", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub retention: Duration,
     /// How often finished streams past `retention` (and expired task owners) are dropped
     /// when no traffic does it.
-    #[serde(default = "d10s", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub sweep_interval: Duration,
 }
 
 impl Default for RawReplay {
     fn default() -> Self {
         RawReplay {
-            max_events_per_stream: default_events_per_stream(),
+            max_events_per_stream: 10_000,
             max_bytes_per_stream: default_bytes_per_stream(),
-            max_total_bytes: default_total_bytes(),
+            max_total_bytes: 512 * 1024 * 1024,
             max_streams: default_max_streams(),
-            retention: d10m(),
+            retention: Duration::from_secs(600),
             sweep_interval: d10s(),
         }
     }
@@ -461,15 +293,13 @@ pub struct RawListener {
 /// `[identity]`
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[serde(default)]
 pub struct RawIdentity {
     /// DNS suffix of v1-profile names (`<AIC>.<suffix>`).
-    #[serde(default = "default_suffix")]
     pub aic_domain_suffix: String,
     /// How dotted AIC check codes are verified.
-    #[serde(default)]
     pub dotted_check: DottedCheckMode,
     /// Registrar serial (a dotted AIC's level 6) -> its salt, hex (secret: never logged).
-    #[serde(default)]
     pub registrar_salts: Secrets,
 }
 
@@ -497,24 +327,19 @@ impl Default for RawIdentity {
 /// `[limits]`
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[serde(default)]
 pub struct RawLimits {
     /// Largest request body accepted.
-    #[serde(default = "default_max_body")]
     pub max_body_bytes: usize,
     /// Deepest nesting of arrays and objects in a body, unknown fields included.
-    #[serde(default = "default_max_json_depth")]
     pub max_json_depth: usize,
-}
-
-fn default_max_json_depth() -> usize {
-    crate::jsonrpc::envelope::DEFAULT_MAX_DEPTH
 }
 
 impl Default for RawLimits {
     fn default() -> Self {
         RawLimits {
-            max_body_bytes: default_max_body(),
-            max_json_depth: default_max_json_depth(),
+            max_body_bytes: 1024 * 1024,
+            max_json_depth: crate::jsonrpc::envelope::DEFAULT_MAX_DEPTH,
         }
     }
 }
@@ -522,37 +347,34 @@ impl Default for RawLimits {
 /// `[upstream]`
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[serde(default)]
 pub struct RawUpstream {
     /// Time to open a TCP (and TLS) connection to a Partner.
-    #[serde(default = "d5s", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
     /// Time for a Partner's response headers to arrive.
-    #[serde(default = "d30s", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub response_timeout: Duration,
     /// Idle pooled connections are closed after this long.
-    #[serde(default = "d90s", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub pool_idle_timeout: Duration,
     /// Idle pooled connections kept per upstream address.
-    #[serde(default = "default_pool_idle")]
     pub pool_max_idle_per_host: usize,
     /// A relayed Partner body (after its headers) may pause this long between frames.
-    #[serde(default = "d30s", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub body_idle_timeout: Duration,
     /// How much of a Partner answer that is not a 2xx JSON or event stream is read to
     /// tell whether it is a JSON-RPC response (relayed unchanged) or not (answered `502`
     /// `upstream_bad_response`); a longer one is not a JSON-RPC response.
-    #[serde(default = "default_error_body")]
     pub max_error_body_bytes: usize,
     /// HTTP/2 Partners (`[[partner]] http2`): the connection's receive window, the most
     /// its streams together may have in flight unread. It also sets how many small DATA
     /// frames (SSE events) may wait to be read before the HTTP/2 library calls the
     /// Partner abusive (half the window, counted per frame below 256 bytes), so it must
     /// allow for a burst of events across every open stream.
-    #[serde(default = "default_h2_window")]
     pub http2_connection_window: u32,
     /// HTTP/1.1 Partners: the longest response head (status line and fields) read; a
     /// longer one is answered `502` (`upstream_protocol`).
-    #[serde(default = "default_response_head")]
     pub max_response_head_bytes: usize,
 }
 
@@ -565,8 +387,8 @@ impl Default for RawUpstream {
             pool_max_idle_per_host: default_pool_idle(),
             body_idle_timeout: d30s(),
             max_error_body_bytes: default_error_body(),
-            http2_connection_window: default_h2_window(),
-            max_response_head_bytes: default_response_head(),
+            http2_connection_window: 16 * 1024 * 1024,
+            max_response_head_bytes: 64 * 1024,
         }
     }
 }
@@ -668,22 +490,20 @@ pub struct RawPartnerLimits {
 /// `[policy]`
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[serde(default)]
 pub struct RawPolicy {
     /// Accepted `senderRole` values (empty: any).
-    #[serde(default = "leader_role")]
     pub sender_roles: Vec<String>,
     /// AICs refused as if revoked (-32010).
-    #[serde(default)]
     pub blocked: Vec<String>,
     /// Task ownership.
-    #[serde(default)]
     pub tasks: RawTasks,
 }
 
 impl Default for RawPolicy {
     fn default() -> Self {
         RawPolicy {
-            sender_roles: leader_role(),
+            sender_roles: vec!["leader".to_owned()],
             blocked: Vec::new(),
             tasks: RawTasks::default(),
         }
@@ -693,22 +513,21 @@ impl Default for RawPolicy {
 /// `[policy.tasks]`
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[serde(default)]
 pub struct RawTasks {
     /// Tasks remembered at most (the oldest are forgotten first).
-    #[serde(default = "default_task_entries")]
     pub max_entries: usize,
     /// A task is forgotten this long after it was last used.
-    #[serde(default = "d24h", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub ttl: Duration,
     /// `forward` or `refuse` commands on tasks with no known owner.
-    #[serde(default)]
     pub unknown: UnknownTask,
 }
 
 impl Default for RawTasks {
     fn default() -> Self {
         RawTasks {
-            max_entries: default_task_entries(),
+            max_entries: 100_000,
             ttl: d24h(),
             unknown: UnknownTask::Forward,
         }
@@ -718,31 +537,26 @@ impl Default for RawTasks {
 /// `[ratelimit]`
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[serde(default)]
 pub struct RawRateLimit {
     /// Default per-AIC quota: requests per second (none: no default quota).
-    #[serde(default)]
     pub rate: Option<f64>,
     /// Default per-AIC burst (default: the rate, rounded up).
-    #[serde(default)]
     pub burst: Option<u32>,
     /// Cluster mode: the default per-AIC quota is checked in Redis on every request
     /// (exact across instances, one round trip each) instead of reconciled in batches.
-    #[serde(default)]
     pub strict: bool,
     /// AICs tracked per keyed quota at most; new AICs are refused while full.
-    #[serde(default = "default_max_keys")]
     pub max_keys: usize,
     /// How often keys back to a fresh state are swept.
-    #[serde(default = "d60s", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub sweep_interval: Duration,
     /// Open streams per AIC at most (none: no limit).
-    #[serde(default)]
     pub max_streams_per_aic: Option<usize>,
     /// A refused request's body is read (to echo its id) only up to this size.
-    #[serde(default = "default_reply_id_bytes")]
     pub reply_id_max_bytes: usize,
     /// Per-AIC quotas replacing the default.
-    #[serde(default, rename = "aic")]
+    #[serde(rename = "aic")]
     pub overrides: Vec<RawRateOverride>,
 }
 
@@ -755,7 +569,7 @@ impl Default for RawRateLimit {
             max_keys: default_max_keys(),
             sweep_interval: d60s(),
             max_streams_per_aic: None,
-            reply_id_max_bytes: default_reply_id_bytes(),
+            reply_id_max_bytes: 16 * 1024,
             overrides: Vec::new(),
         }
     }
@@ -777,22 +591,6 @@ pub struct RawRateOverride {
     pub strict: bool,
 }
 
-fn leader_role() -> Vec<String> {
-    vec!["leader".to_owned()]
-}
-fn d24h() -> Duration {
-    Duration::from_secs(24 * 3600)
-}
-fn default_task_entries() -> usize {
-    100_000
-}
-fn default_max_keys() -> usize {
-    100_000
-}
-fn default_reply_id_bytes() -> usize {
-    16 * 1024
-}
-
 /// `[partner.tls]`
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -810,104 +608,21 @@ pub struct RawPartnerTls {
     pub server_name: Option<String>,
 }
 
-fn d5s() -> Duration {
-    Duration::from_secs(5)
-}
-fn d20s() -> Duration {
-    Duration::from_secs(20)
-}
-fn default_handshakes_per_ip() -> usize {
-    64
-}
-fn default_connections_per_ip() -> usize {
-    256
-}
-fn d10s() -> Duration {
-    Duration::from_secs(10)
-}
-fn d30s() -> Duration {
-    Duration::from_secs(30)
-}
-fn d60s() -> Duration {
-    Duration::from_secs(60)
-}
-fn d90s() -> Duration {
-    Duration::from_secs(90)
-}
-fn d15s() -> Duration {
-    Duration::from_secs(15)
-}
-fn d5m() -> Duration {
-    Duration::from_secs(300)
-}
-fn d10m() -> Duration {
-    Duration::from_secs(600)
-}
-fn default_max_event() -> usize {
-    16 * 1024 * 1024
-}
-fn default_events_per_stream() -> usize {
-    10_000
-}
-fn default_bytes_per_stream() -> usize {
-    64 * 1024 * 1024
-}
-fn default_total_bytes() -> usize {
-    512 * 1024 * 1024
-}
-fn default_max_streams() -> usize {
-    10_000
-}
-fn default_h2_window() -> u32 {
-    16 * 1024 * 1024
-}
-fn default_max_connections() -> usize {
-    10_000
-}
-fn default_h2_streams() -> u32 {
-    200
-}
-fn default_suffix() -> String {
-    "acps.pub".to_owned()
-}
-fn default_max_body() -> usize {
-    1024 * 1024
-}
-fn default_tls_session_cache() -> usize {
-    256
-}
-fn default_verdict_cache() -> usize {
-    10_000
-}
-fn default_pool_idle() -> usize {
-    64
-}
-fn default_response_head() -> usize {
-    64 * 1024
-}
-fn default_error_body() -> usize {
-    64 * 1024
-}
-
 /// `[admin]`
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[serde(default)]
 pub struct RawAdmin {
     /// Plain-HTTP address of `/healthz`, `/readyz`, `/metrics`; `""` turns it off.
-    #[serde(default = "default_admin_bind")]
     pub bind: String,
 }
 
 impl Default for RawAdmin {
     fn default() -> Self {
         RawAdmin {
-            bind: default_admin_bind(),
+            bind: "127.0.0.1:9901".to_owned(),
         }
     }
-}
-
-fn default_admin_bind() -> String {
-    "127.0.0.1:9901".to_owned()
 }
 
 /// Log output format.
@@ -924,37 +639,32 @@ pub enum LogFormat {
 /// `[log]`
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[serde(default)]
 pub struct RawLog {
     /// A tracing filter (`info`, `aipgw=debug`, ...); `RUST_LOG` overrides it.
-    #[serde(default = "default_log_level")]
     pub level: String,
     /// `pretty` or `json`.
-    #[serde(default)]
     pub format: LogFormat,
 }
 
 impl Default for RawLog {
     fn default() -> Self {
         RawLog {
-            level: default_log_level(),
+            level: "info".to_owned(),
             format: LogFormat::Pretty,
         }
     }
 }
 
-fn default_log_level() -> String {
-    "info".to_owned()
-}
-
 /// `[reload]`
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[serde(default)]
 pub struct RawReload {
     /// Reload when the config, certificate, key or CRL files change.
-    #[serde(default = "yes")]
     pub watch: bool,
     /// Quiet time after a change before reloading.
-    #[serde(default = "d500ms", with = "humantime_serde")]
+    #[serde(with = "humantime_serde")]
     pub debounce: Duration,
 }
 
@@ -962,14 +672,7 @@ impl Default for RawReload {
     fn default() -> Self {
         RawReload {
             watch: true,
-            debounce: d500ms(),
+            debounce: Duration::from_millis(500),
         }
     }
-}
-
-fn yes() -> bool {
-    true
-}
-fn d500ms() -> Duration {
-    Duration::from_millis(500)
 }
