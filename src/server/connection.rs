@@ -2,7 +2,7 @@
 //! identity once, HTTP/1.1 or HTTP/2 by ALPN, the idle and drain watchers, and what a
 //! connection-level protocol error is counted as.
 
-use super::idle::{Activity, ActivityGuard};
+use super::idle::{Activity, ActivityGuard, Asked};
 use super::*;
 use crate::identity::Aic;
 
@@ -286,18 +286,6 @@ pub(super) enum Why {
     Idle,
     /// Asked from outside its task ([`Activity::ask`]).
     Asked(Asked),
-}
-
-/// Why a connection was asked to close from outside its task.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub(super) enum Asked {
-    /// Its refusal for want of a verified AIC has been answered.
-    Reply = 1,
-    /// Closed while idle to admit a new connection.
-    Evicted = 2,
-    /// Already closing for its own reasons (drain, idle): nothing more to ask.
-    Closing = 3,
 }
 
 /// Runs a connection to its end; on drain or idleness, or when asked

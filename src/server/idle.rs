@@ -2,8 +2,19 @@
 //! was last busy, whether it holds a verified AIC), registered per worker so that a full
 //! listener can close the connection idle longest to admit a new one.
 
-use super::connection::Asked;
 use super::*;
+
+/// Why a connection was asked to close from outside its task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(super) enum Asked {
+    /// Its refusal for want of a verified AIC has been answered.
+    Reply = 1,
+    /// Closed while idle to admit a new connection.
+    Evicted = 2,
+    /// Already closing for its own reasons (drain, idle): nothing more to ask.
+    Closing = 3,
+}
 
 /// In-flight requests of one connection, and when the last one ended; whether it has a
 /// verified AIC, and whether it has been asked to close from outside its task.

@@ -273,8 +273,8 @@ fn closed(metrics: &Metrics, reason: &'static str) {
 
 #[cfg(test)]
 mod tests {
-    use super::connection::{drive, protocol_error, Asked, Bounds, Closable};
-    use super::idle::Activity;
+    use super::connection::{drive, protocol_error, Bounds, Closable};
+    use super::idle::{Activity, Asked};
     use super::*;
     use std::task::Poll;
 
