@@ -375,3 +375,86 @@ impl GatewayError {
         resp
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn body(resp: &Response<Bytes>) -> serde_json::Value {
+        serde_json::from_slice(resp.body()).unwrap()
+    }
+
+    /// The table in the README, row by row: the status, the code and the reason each
+    /// error is answered with, and the headers that go with some.
+    #[test]
+    fn each_error_is_answered_as_the_readme_says() {
+        let forbidden = GatewayError::Forbidden {
+            reason: "not_task_owner",
+            detail: "x".into(),
+        };
+        let limited = GatewayError::RateLimited {
+            reason: "aic_rate",
+            retry_after: Duration::from_millis(1500),
+            body_unread: true,
+        };
+        let unavailable = GatewayError::UpstreamUnavailable {
+            partner: "p".into(),
+            detail: "refused".into(),
+        };
+        for (e, status, code, reason) in [
+            (
+                GatewayError::AuthenticationRequired,
+                401,
+                codes::AUTHENTICATION_REQUIRED,
+                "no_client_certificate",
+            ),
+            (
+                forbidden,
+                403,
+                codes::AUTHORIZATION_FAILED,
+                "not_task_owner",
+            ),
+            (limited, 429, codes::RATE_LIMITED, "aic_rate"),
+            (
+                unavailable,
+                502,
+                codes::INTERNAL_ERROR,
+                "upstream_unavailable",
+            ),
+        ] {
+            let (s, c, r) = e.classify();
+            assert_eq!((s.as_u16(), c, r), (status, code, reason), "{e}");
+            let resp = e.into_response(&RpcId::null(), ErrorStatus::Mapped);
+            assert_eq!(resp.status().as_u16(), status);
+            let v = body(&resp);
+            assert_eq!(v["error"]["code"], code);
+            assert_eq!(v["error"]["data"]["reason"], reason);
+            assert_eq!(v["id"], serde_json::Value::Null);
+        }
+        let limited = GatewayError::busy("partner_in_flight");
+        let resp = limited.into_response(&RpcId::null(), ErrorStatus::Mapped);
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "1");
+        assert_eq!(body(&resp)["error"]["data"]["retryAfterMs"], 1000);
+        let resp =
+            GatewayError::AuthenticationRequired.into_response(&RpcId::null(), ErrorStatus::Mapped);
+        assert_eq!(resp.headers()[header::WWW_AUTHENTICATE], "mutual-tls");
+    }
+
+    /// Under `error_status = "ok"` every error is HTTP 200 but those whose status a client
+    /// needs; a refusal that leaves the body unread closes the connection.
+    #[test]
+    fn ok_mode_keeps_only_semantic_statuses() {
+        let forbidden = || GatewayError::Forbidden {
+            reason: "sender_mismatch",
+            detail: "x".into(),
+        };
+        let resp = forbidden().into_response(&RpcId::null(), ErrorStatus::Ok);
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(body(&resp)["error"]["code"], codes::AUTHORIZATION_FAILED);
+        let resp = GatewayError::BodyTimeout.into_response(&RpcId::null(), ErrorStatus::Ok);
+        assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(resp.headers()[header::CONNECTION], "close");
+        assert!(!forbidden().closes_connection());
+    }
+}
