@@ -36,8 +36,8 @@ use crate::ratelimit::concurrency::{InFlightPermit, KeyedPermit};
 use crate::relay_body::SseTail;
 use crate::relay_body::{hold, is_event_stream, relay_response};
 use crate::routing::Partner;
-use crate::sse::follow::Listener;
-use crate::sse::relay::{follow, record_upstream};
+use crate::sse::follow::{Listener, RecordFeed};
+use crate::sse::relay::record_upstream;
 use crate::sse::replay::{StreamEnd, StreamKey, StreamMeta};
 use crate::sse::source;
 
@@ -192,15 +192,8 @@ impl Answered {
             None => record,
         };
         // Follow before the recorder starts, so it never sees zero followers at first.
-        let body = follow(
-            record.clone(),
-            record.first_cursor(),
-            id,
-            settings.keepalive_interval,
-            snap.closing.subscribe(),
-            tally,
-            settings.on_upstream_failure,
-        );
+        let feed = RecordFeed::new(record.clone(), record.first_cursor());
+        let body = crate::sse::follow::body(feed, listener(snap, id, tally));
         let (metrics, pname) = (snap.metrics.clone(), partner.config.name.clone());
         tokio::spawn(async move {
             let end = record_upstream(resp.into_body(), record, settings, held).await;
@@ -212,6 +205,19 @@ impl Answered {
             }
         });
         sse_response(counted(snap, body))
+    }
+}
+
+/// How a follower's body tells this Leader: its id, the stream settings of `snap`, the
+/// shutdown signal, its tally.
+fn listener(snap: &Snapshot, id: RpcId, tally: Arc<StreamTally>) -> Listener {
+    let settings = snap.config.stream;
+    Listener {
+        id,
+        keepalive: settings.keepalive_interval,
+        on_failure: settings.on_upstream_failure,
+        closing: snap.closing.subscribe(),
+        tally,
     }
 }
 
@@ -280,14 +286,7 @@ async fn from_buffer(
     // finished one is counted while this Leader reads it.
     let permit = finished_permit(snap, identity, found.ended)?;
     let served_by = found.served_by;
-    let settings = snap.config.stream;
-    let listener = Listener {
-        id: id.clone(),
-        keepalive: settings.keepalive_interval,
-        on_failure: settings.on_upstream_failure,
-        closing: snap.closing.subscribe(),
-        tally: work.tally.clone(),
-    };
+    let listener = listener(snap, id.clone(), work.tally.clone());
     let body = match found.resume(req.last_event_seq, listener).await {
         Ok(body) => body,
         Err(why) => {

@@ -125,19 +125,7 @@ pub async fn listen(
         let Some((tcp, peer, permit)) = next else {
             continue;
         };
-        let Some(open) = per_ip.try_take(&peer.ip()) else {
-            tracing::debug!(%peer, "too many connections from this address: closed");
-            closed(&gateway.snapshot().metrics, "per_ip_limit");
-            drop(tcp);
-            continue;
-        };
-        let Some(slot) = handshakes.try_take(&peer.ip()) else {
-            tracing::debug!(%peer, "too many handshakes from this address: closed");
-            let reason = ReasonLabels {
-                reason: "per_ip_handshake_limit",
-            };
-            let snap = gateway.snapshot();
-            snap.metrics.handshake_failures.get_or_create(&reason).inc();
+        let Some((open, slot)) = admit(peer, &per_ip, &handshakes, &gateway) else {
             drop(tcp);
             continue;
         };
@@ -172,9 +160,40 @@ pub async fn listen(
     gateway.set_ready(false);
     drop(listener);
     let _ = drain_tx.send(true);
-    // Every connection holds a permit: all of them back means all connections ended.
-    // In-flight requests finish within `drain_timeout`; streams still open then get a
-    // final event (the `closing` signal) and a second to deliver it.
+    drain(&gateway, &permits, max, drain_timeout).await;
+    Ok(())
+}
+
+/// A source's counts for a connection just accepted from `peer`: one of its open
+/// connections and one of its handshakes; `None` (counted, and the connection to be
+/// closed at once) when either is at its bound.
+fn admit(
+    peer: SocketAddr,
+    per_ip: &KeyedCounts<IpAddr>,
+    handshakes: &KeyedCounts<IpAddr>,
+    gateway: &Gateway,
+) -> Option<(KeyedPermit<IpAddr>, KeyedPermit<IpAddr>)> {
+    let Some(open) = per_ip.try_take(&peer.ip()) else {
+        tracing::debug!(%peer, "too many connections from this address: closed");
+        closed(&gateway.snapshot().metrics, "per_ip_limit");
+        return None;
+    };
+    let Some(slot) = handshakes.try_take(&peer.ip()) else {
+        tracing::debug!(%peer, "too many handshakes from this address: closed");
+        let reason = ReasonLabels {
+            reason: "per_ip_handshake_limit",
+        };
+        let snap = gateway.snapshot();
+        snap.metrics.handshake_failures.get_or_create(&reason).inc();
+        return None;
+    };
+    Some((open, slot))
+}
+
+/// Waits for every connection to end (each holds one of the `max` permits): in-flight
+/// requests finish within `drain_timeout`; streams still open then get a final event
+/// (the `closing` signal) and a second to deliver it.
+async fn drain(gateway: &Gateway, permits: &Semaphore, max: usize, drain_timeout: Duration) {
     let all = u32::try_from(max).unwrap_or(u32::MAX);
     if tokio::time::timeout(drain_timeout, permits.acquire_many(all))
         .await
@@ -189,7 +208,6 @@ pub async fn listen(
             tracing::warn!("closing the remaining connections");
         }
     }
-    Ok(())
 }
 
 /// What a connection holds while it is open.

@@ -346,27 +346,29 @@ async fn sender_id_is_bound_in_every_method() {
 }
 
 /// Also: a client's `Expect: 100-continue` is answered by the gateway (the client gets
-/// its `100 Continue` and sends the body) and never forwarded to the Partner.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn expect_is_answered_by_the_gateway_and_not_forwarded() {
+/// The headers an echoing Partner saw for A's start of `task` (request id `id`) sent with
+/// `lines` as its header lines: answered 200, the one request seen, and the end-to-end
+/// header `x-kept: yes` passed on.
+async fn headers_seen(lines: &[&str], id: &str, task: &str) -> http::HeaderMap {
     let pki = Pki::new();
     let partner = TestPartner::start(Behaviour::Echo).await;
     let gw = start_gateway(&pki.config("", &partner_block("p", "/p", &partner.url(), ""))).await;
     let a = pki.leader(LEADER_A, false);
-    let lines = [JSON, "Expect: 100-continue", "x-kept: yes"];
-    let r = raw_post(
-        &a,
-        &gw,
-        "/p/rpc",
-        &lines,
-        rpc_start("\"e1\"", LEADER_A, "t-e").as_bytes(),
-    )
-    .await;
+    let body = rpc_start(id, LEADER_A, task);
+    let r = raw_post(&a, &gw, "/p/rpc", lines, body.as_bytes()).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let seen = partner.seen();
     assert_eq!(seen.len(), 1);
-    let h = &seen[0].headers;
+    let h = seen[0].headers.clone();
     assert_eq!(h["x-kept"], "yes", "end-to-end headers still pass: {h:?}");
+    h
+}
+
+/// its `100 Continue` and sends the body) and never forwarded to the Partner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expect_is_answered_by_the_gateway_and_not_forwarded() {
+    let lines = [JSON, "Expect: 100-continue", "x-kept: yes"];
+    let h = &headers_seen(&lines, "\"e1\"", "t-e").await;
     assert!(h.get("expect").is_none(), "{h:?}");
 }
 
@@ -374,10 +376,6 @@ async fn expect_is_answered_by_the_gateway_and_not_forwarded() {
 /// with `.` or `_`) are dropped like the other look-alikes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_address_look_alikes_never_reach_the_partner() {
-    let pki = Pki::new();
-    let partner = TestPartner::start(Behaviour::Echo).await;
-    let gw = start_gateway(&pki.config("", &partner_block("p", "/p", &partner.url(), ""))).await;
-    let a = pki.leader(LEADER_A, false);
     let look_alikes = [
         "Client-IP: 10.9.9.9",
         "True-Client-IP: 10.9.9.9",
@@ -391,19 +389,7 @@ async fn client_address_look_alikes_never_reach_the_partner() {
     ];
     let mut lines = vec![JSON, "x-kept: yes"];
     lines.extend(look_alikes);
-    let r = raw_post(
-        &a,
-        &gw,
-        "/p/rpc",
-        &lines,
-        rpc_start("\"l1\"", LEADER_A, "t-l").as_bytes(),
-    )
-    .await;
-    assert_eq!(r.status, 200, "{}", r.text());
-    let seen = partner.seen();
-    assert_eq!(seen.len(), 1);
-    let h = &seen[0].headers;
-    assert_eq!(h["x-kept"], "yes", "end-to-end headers still pass: {h:?}");
+    let h = &headers_seen(&lines, "\"l1\"", "t-l").await;
     for line in look_alikes {
         let name = line.split(':').next().unwrap().to_ascii_lowercase();
         assert!(

@@ -179,6 +179,29 @@ async fn send_and_hang(leader: &Leader, addr: SocketAddr, path: &str, body: Stri
     Hanging { conn, request }
 }
 
+/// One gateway in front of a [`Scripted`] Partner `p` at `/p` (`partner_extra` added to
+/// its block; `response_timeout` replacing the test config's), and the Leaders A (over
+/// HTTP/2 when `a_h2`) and B. Keep the `Pki` bound: it holds the certificates.
+async fn setup(
+    a_h2: bool,
+    partner_extra: &str,
+    response_timeout: Option<&str>,
+) -> (Pki, Scripted, TestGateway, Leader, Leader) {
+    let pki = Pki::new();
+    let partner = Scripted::start().await;
+    let mut config = pki.config("", &partner_block("p", "/p", &partner.url(), partner_extra));
+    if let Some(t) = response_timeout {
+        config = config.replace(
+            "response_timeout = \"5s\"",
+            &format!("response_timeout = \"{t}\""),
+        );
+    }
+    let gw = start_gateway(&config).await;
+    let a = pki.leader(LEADER_A, a_h2);
+    let b = pki.leader(LEADER_B, false);
+    (pki, partner, gw, a, b)
+}
+
 /// A's `start` of `task` reaches the Partner, and A leaves before the answer (its
 /// connection closed, and the gateway has seen it go); the start's id at the Partner.
 async fn start_and_leave(gw: &TestGateway, partner: &Scripted, a: &Leader, task: &str) -> String {
@@ -199,11 +222,7 @@ fn claims(outcome: &str) -> String {
 /// A, back on a new connection, is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_stays_claimed_when_its_leader_leaves() {
-    let pki = Pki::new();
-    let partner = Scripted::start().await;
-    let gw = start_gateway(&pki.config("", &partner_block("p", "/p", &partner.url(), ""))).await;
-    let a = pki.leader(LEADER_A, true);
-    let b = pki.leader(LEADER_B, false);
+    let (_pki, partner, gw, a, b) = setup(true, "", None).await;
     let id = start_and_leave(&gw, &partner, &a, "victim-task").await;
     let get = command("rpc", "b1", LEADER_B, "victim-task", "get");
     let r = b.post(gw.addr, "/p/rpc", &get).await.unwrap();
@@ -247,14 +266,7 @@ async fn a_start_stays_claimed_when_its_leader_leaves() {
 /// could be read in time, so the claim is kept (the Partner may have accepted).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_that_timed_out_stays_claimed() {
-    let pki = Pki::new();
-    let partner = Scripted::start().await;
-    let config = pki
-        .config("", &partner_block("p", "/p", &partner.url(), ""))
-        .replace("response_timeout = \"5s\"", "response_timeout = \"300ms\"");
-    let gw = start_gateway(&config).await;
-    let a = pki.leader(LEADER_A, false);
-    let b = pki.leader(LEADER_B, false);
+    let (_pki, partner, gw, a, b) = setup(false, "", Some("300ms")).await;
     let start = command("rpc", "a1", LEADER_A, "late-task", "start");
     let (r, id) = tokio::join!(a.post(gw.addr, "/p/rpc", &start), partner.next_start());
     let r = r.unwrap();
@@ -288,11 +300,7 @@ async fn a_start_that_timed_out_stays_claimed() {
 /// claim, because the answer is read all the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_refused_after_its_leader_left_claims_nothing() {
-    let pki = Pki::new();
-    let partner = Scripted::start().await;
-    let gw = start_gateway(&pki.config("", &partner_block("p", "/p", &partner.url(), ""))).await;
-    let a = pki.leader(LEADER_A, true);
-    let b = pki.leader(LEADER_B, false);
+    let (_pki, partner, gw, a, b) = setup(true, "", None).await;
     let id = start_and_leave(&gw, &partner, &a, "shared").await;
     partner.answer(&id, Answer::rpc_error());
     metric(&gw, &claims("refused"), 1.0).await;
@@ -308,11 +316,7 @@ async fn a_start_refused_after_its_leader_left_claims_nothing() {
 /// refused after it. The refusal cannot undo the acceptance.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_start_cannot_release_an_accepted_one() {
-    let pki = Pki::new();
-    let partner = Scripted::start().await;
-    let gw = start_gateway(&pki.config("", &partner_block("p", "/p", &partner.url(), ""))).await;
-    let a = pki.leader(LEADER_A, false);
-    let b = pki.leader(LEADER_B, false);
+    let (_pki, partner, gw, a, b) = setup(false, "", None).await;
     let first = command("rpc", "a1", LEADER_A, "twice", "start");
     let second = command("rpc", "a2", LEADER_A, "twice", "start");
     let (gw_addr, a2) = (gw.addr, a.clone());
@@ -379,11 +383,7 @@ async fn a_refused_start_elsewhere_keeps_the_shared_claim() {
 /// is accepted like any start: the task is A's, and B's `cancel` is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_start_answered_with_a_result_claims_its_task() {
-    let pki = Pki::new();
-    let partner = Scripted::start().await;
-    let gw = start_gateway(&pki.config("", &partner_block("p", "/p", &partner.url(), ""))).await;
-    let a = pki.leader(LEADER_A, false);
-    let b = pki.leader(LEADER_B, false);
+    let (_pki, partner, gw, a, b) = setup(false, "", None).await;
     let start = command("stream", "a1", LEADER_A, "json-stream", "start");
     let (r, ()) = tokio::join!(a.post(gw.addr, "/p/stream", &start), async {
         let id = partner.next_start().await;
@@ -408,20 +408,7 @@ async fn a_stream_start_answered_with_a_result_claims_its_task() {
 /// in-flight permit until its answer is read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_whose_leader_left_holds_its_permit() {
-    let pki = Pki::new();
-    let partner = Scripted::start().await;
-    let gw = start_gateway(&pki.config(
-        "",
-        &partner_block(
-            "p",
-            "/p",
-            &partner.url(),
-            "[partner.limits]\nmax_in_flight = 1",
-        ),
-    ))
-    .await;
-    let a = pki.leader(LEADER_A, true);
-    let b = pki.leader(LEADER_B, false);
+    let (_pki, partner, gw, a, b) = setup(true, "[partner.limits]\nmax_in_flight = 1", None).await;
     let id = start_and_leave(&gw, &partner, &a, "busy").await;
     let get = command("rpc", "b1", LEADER_B, "other", "get");
     let r = b.post(gw.addr, "/p/rpc", &get).await.unwrap();
