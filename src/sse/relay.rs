@@ -18,11 +18,8 @@ use tokio::time::Instant;
 
 pub use super::emit::OnUpstreamFailure;
 use super::event::inspect;
-use super::replay::{Cursor, Entry, StreamEnd, StreamRecord, NO_SEQ};
+use super::replay::{Entry, StreamEnd, StreamRecord, NO_SEQ};
 use super::splitter::{RawEvent, Splitter};
-use crate::body::ResponseBody;
-use crate::jsonrpc::reply::RpcId;
-use crate::outcome::StreamTally;
 
 /// Stream timing and size bounds (see `[stream]` in the config).
 #[derive(Debug, Clone, Copy)]
@@ -147,15 +144,16 @@ fn append_all(record: &dyn StreamRecord, events: &mut Vec<RawEvent>) -> bool {
 /// `close`: then the stream just ends) or an eviction gap becomes a final JSON-RPC error
 /// event, and so does `closing` turning true (a shutdown whose drain time is over). `tally` counts the Partner's events sent (not the gateway's own error
 /// event, nor keep-alive comments) and records how the stream ended for this Leader.
+#[cfg(any(test, feature = "test-util"))]
 pub fn follow(
     record: Arc<dyn StreamRecord>,
-    cursor: Cursor,
-    id: RpcId,
+    cursor: super::replay::Cursor,
+    id: crate::jsonrpc::reply::RpcId,
     keepalive: Duration,
     closing: tokio::sync::watch::Receiver<bool>,
-    tally: Arc<StreamTally>,
+    tally: Arc<crate::outcome::StreamTally>,
     on_failure: OnUpstreamFailure,
-) -> ResponseBody {
+) -> crate::body::ResponseBody {
     let listener = super::follow::Listener {
         id,
         keepalive,
@@ -169,7 +167,9 @@ pub fn follow(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::body::ResponseBody;
     use crate::identity::Aic;
+    use crate::jsonrpc::reply::RpcId;
     use crate::sse::emit::COALESCE_MAX;
     use crate::sse::memory::{MemoryStore, ReplayLimits};
     use crate::sse::replay::{ReplayStore, StreamKey, StreamMeta};
