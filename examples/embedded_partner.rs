@@ -16,7 +16,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 
-use aipgw::layers::{self, Caller, ConnInfo, Handoff};
+use aipgw::layers::{self, Caller, ConnInfo};
 use aipgw::Gateway;
 use bytes::Bytes;
 use http::{Request, Response};
@@ -82,7 +82,7 @@ where
                 return;
             };
             let conn = Arc::new(ConnInfo::accepted(peer, tls.get_ref().1, &snap));
-            let stack = layers::stack(gateway, conn, Handoff::new(handler));
+            let stack = layers::embedded(gateway, conn, handler);
             let svc = service_fn(move |req| stack.clone().oneshot(req));
             let _ = auto::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(tls), svc)

@@ -24,7 +24,7 @@ use crate::trace::TraceContext;
 /// A string of the request body kept for the access log: a slice of the body (no copy),
 /// or, for a string the JSON escaped, its unescaped copy.
 #[derive(Debug, Default)]
-pub struct LogText(Bytes);
+pub(crate) struct LogText(Bytes);
 
 impl LogText {
     pub(crate) fn of(body: &Bytes, text: &str) -> LogText {
@@ -32,7 +32,7 @@ impl LogText {
     }
 
     /// The text (valid UTF-8: it came from a validated body or a `str`).
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         std::str::from_utf8(&self.0).unwrap_or("")
     }
 }
@@ -40,7 +40,7 @@ impl LogText {
 /// What the access log and the request metrics say of a request; filled along the
 /// pipeline, written when the response body ends. Never message contents or tokens.
 #[derive(Debug, Default)]
-pub struct RequestLog {
+pub(crate) struct RequestLog {
     /// The caller's verified AIC.
     pub aic: Option<Aic>,
     /// The Partner, once routed.

@@ -152,7 +152,7 @@ pub enum GatewayError {
     /// request path was assembled without a step a later one needs.
     #[error("internal error ({reason})")]
     Internal {
-        /// Short label: `panic`, `handler_error`, `missing_step`.
+        /// Short label: `panic` or `handler_error`.
         reason: &'static str,
     },
     /// The Partner's answer broke the HTTP protocol.

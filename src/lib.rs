@@ -22,9 +22,12 @@
 //!             Partner; answer::vet; relayed back; `stream`: layers::streams records
 //!             it, and may answer a `re-stream` from this instance's buffer or, in
 //!             cluster mode, another's copy in Redis)
-//!             or, for a Partner embedding the path, Handoff (its own handler)
+//!             or, for a Partner embedding the path (layers::embedded), Handoff (its
+//!             own handler). What a step establishes (caller, route, call, permit)
+//!             travels in the exchange's type: a stack in the wrong order does not
+//!             compile
 //! error       every failure is one GatewayError, refused with the request id as a
-//!             layers::Refusal and turned into a response in exactly one place
+//!             Refusal and turned into a response in exactly one place
 //!             (Respond, through GatewayError::into_response)
 //! ```
 //!
@@ -53,7 +56,9 @@
 //! - `answer`: a Partner's answer judged: relayed, or `upstream_bad_response`.
 //! - [`layers`]: the request path as tower layers over an `Exchange`, tying the above
 //!   together; `layers::streams` serves the `stream` method (buffered relay,
-//!   `re-stream` served by the gateway); embeddable in a Partner (`layers::Handoff`).
+//!   `re-stream` served by the gateway); embeddable in a Partner (`layers::embedded`).
+//!   Public: the path as one service (`layers::stack`, `layers::embedded`) and what an
+//!   embedding Partner's handler meets; the steps are crate-internal.
 //! - `sse`: SSE splitting, event inspection, the replay buffer and the relay; one source
 //!   of re-streams for every store (`sse::source`: this instance's buffer, and in cluster
 //!   mode the copies in Redis) and one follower loop (`sse::follow`).

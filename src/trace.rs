@@ -52,7 +52,7 @@ pub fn parse_traceparent(v: &str) -> Option<&str> {
 /// headers that carry them on to the Partner. A client's values are kept as the header
 /// values they arrived in (no copy); made ones cost one allocation each.
 #[derive(Debug, Clone)]
-pub struct TraceContext {
+pub(crate) struct TraceContext {
     /// The client's `traceparent` when valid, otherwise one made here.
     traceparent: HeaderValue,
     /// Where the trace id starts in `traceparent` (a client's may have leading spaces).
@@ -65,7 +65,7 @@ pub struct TraceContext {
 
 impl TraceContext {
     /// Reads (or makes) the ids for a request with these headers.
-    pub fn from_request(headers: &HeaderMap) -> TraceContext {
+    pub(crate) fn from_request(headers: &HeaderMap) -> TraceContext {
         let client = headers.get(&names::TRACEPARENT).and_then(|v| {
             let text = v.to_str().ok()?;
             let trace = parse_traceparent(text)?;
@@ -104,18 +104,18 @@ impl TraceContext {
     }
 
     /// The W3C trace id (32 hex).
-    pub fn trace_id(&self) -> &str {
+    pub(crate) fn trace_id(&self) -> &str {
         let tp = self.traceparent.to_str().unwrap_or("");
         tp.get(self.trace_at..self.trace_at + 32).unwrap_or("")
     }
 
     /// The request id: the client's `x-request-id` when sane, otherwise made here.
-    pub fn request_id(&self) -> &str {
+    pub(crate) fn request_id(&self) -> &str {
         self.request_id.to_str().unwrap_or("")
     }
 
     /// Sets `traceparent` (when made here) and `x-request-id` on the Partner's headers.
-    pub fn apply(&self, headers: &mut HeaderMap) {
+    pub(crate) fn apply(&self, headers: &mut HeaderMap) {
         if self.made {
             headers.insert(names::TRACEPARENT.clone(), self.traceparent.clone());
         }

@@ -13,25 +13,26 @@ use tower::{Layer, Service};
 
 use super::exchange::{Exchange, Refusal, Reply};
 
-/// A step that may have to ask something (of Redis) before the request goes on.
-pub trait Ask {
+/// A step that may have to ask something (of Redis) before the request goes on, for an
+/// exchange whose facts are `F` (it adds none).
+pub(crate) trait Ask<F> {
     /// What to ask, taken from the exchange.
     type Plan: Send + 'static;
     /// What this request needs asked; `None`: nothing (the step is a pass-through).
-    fn plan(x: &mut Exchange<Bytes>) -> Option<Self::Plan>;
+    fn plan(x: &mut Exchange<Bytes, F>) -> Option<Self::Plan>;
     /// Asks, and hands the exchange on or refuses it.
     fn ask(
-        x: Exchange<Bytes>,
+        x: Exchange<Bytes, F>,
         plan: Self::Plan,
-    ) -> impl Future<Output = Result<Exchange<Bytes>, Refusal>> + Send;
+    ) -> impl Future<Output = Result<Exchange<Bytes, F>, Refusal>> + Send;
 }
 
 /// Makes [`Asked`] services for the step `A`.
-pub struct AskLayer<A>(PhantomData<fn() -> A>);
+pub(crate) struct AskLayer<A>(PhantomData<fn() -> A>);
 
 impl<A> AskLayer<A> {
     /// The layer of step `A`.
-    pub const fn new() -> AskLayer<A> {
+    pub(crate) const fn new() -> AskLayer<A> {
         AskLayer(PhantomData)
     }
 }
@@ -59,7 +60,7 @@ impl<A, S> Layer<S> for AskLayer<A> {
 }
 
 /// Step `A` in front of `inner`.
-pub struct Asked<A, S> {
+pub(crate) struct Asked<A, S> {
     inner: S,
     _ask: PhantomData<fn() -> A>,
 }
@@ -73,10 +74,11 @@ impl<A, S: Clone> Clone for Asked<A, S> {
     }
 }
 
-impl<A, S> Service<Exchange<Bytes>> for Asked<A, S>
+impl<A, S, F> Service<Exchange<Bytes, F>> for Asked<A, S>
 where
-    A: Ask,
-    S: Service<Exchange<Bytes>, Response = Reply, Error = Refusal> + Clone + Send + 'static,
+    A: Ask<F>,
+    F: Send + 'static,
+    S: Service<Exchange<Bytes, F>, Response = Reply, Error = Refusal> + Clone + Send + 'static,
     S::Future: Send + 'static,
 {
     type Response = Reply;
@@ -87,7 +89,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut x: Exchange<Bytes>) -> Self::Future {
+    fn call(&mut self, mut x: Exchange<Bytes, F>) -> Self::Future {
         let Some(plan) = A::plan(&mut x) else {
             return Asking::Next {
                 next: self.inner.call(x),
@@ -110,7 +112,7 @@ pin_project_lite::pin_project! {
     /// An [`Asked`] step's future: the next step's, or the question and the next step,
     /// boxed.
     #[project = AskingProj]
-    pub enum Asking<F> {
+    pub(crate) enum Asking<F> {
         /// Nothing to ask: the next step's future.
         Next {
             #[pin] next: F,

@@ -6,31 +6,25 @@
 //! the path names; the connection is marked, so the listener closes it after the answer
 //! when it had no verified AIC at its handshake.
 
-use super::check::{Check, CheckLayer, Checked, Refuse};
+use super::check::{Check, Refuse};
 use super::exchange::Exchange;
+use super::facts::Arrived;
 use crate::error::GatewayError;
 use crate::identity::verdict::unix_now;
 use crate::identity::ConnAuth;
 
 /// The step (see the module documentation).
-pub enum AuthenticateStep {}
+pub(crate) enum AuthenticateStep {}
 
-/// The `Authenticate` layer.
-pub type AuthenticateLayer = CheckLayer<AuthenticateStep>;
-/// The `Authenticate` service.
-pub type Authenticate<S> = Checked<AuthenticateStep, S>;
-
-impl<B> Check<B> for AuthenticateStep {
-    fn check(x: &mut Exchange<B>) -> Result<(), Refuse> {
+impl<B> Check<B, Arrived> for AuthenticateStep {
+    type Found = std::sync::Arc<crate::identity::PeerIdentity>;
+    fn check(x: &mut Exchange<B>) -> Result<Self::Found, Refuse> {
         let verdict = x.conn.identity.verdict(&x.snap.tls.trust, unix_now());
         let error = match verdict {
             ConnAuth::Verified(caller) => {
                 x.log.aic = Some(caller.aic);
                 match x.snap.config.policy.check_blocked(&caller.aic) {
-                    Ok(()) => {
-                        x.caller = Some(caller);
-                        return Ok(());
-                    }
+                    Ok(()) => return Ok(caller),
                     Err(e) => e,
                 }
             }

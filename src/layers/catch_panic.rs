@@ -16,7 +16,7 @@ use tower::{Layer, Service};
 
 use std::sync::Arc;
 
-use super::exchange::{ConnInfo, Exchange, Outcome, Refusal, Reply, State};
+use super::exchange::{ConnInfo, Exchange, Handled, Refusal, Reply, State};
 use crate::access_log::RequestLog;
 use crate::error::GatewayError;
 use crate::gateway::Snapshot;
@@ -24,7 +24,7 @@ use crate::jsonrpc::RpcId;
 
 /// See the module documentation.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct CatchPanicLayer;
+pub(crate) struct CatchPanicLayer;
 
 impl<S> Layer<S> for CatchPanicLayer {
     type Service = CatchPanic<S>;
@@ -35,13 +35,13 @@ impl<S> Layer<S> for CatchPanicLayer {
 
 /// See the module documentation.
 #[derive(Clone, Debug)]
-pub struct CatchPanic<S> {
+pub(crate) struct CatchPanic<S> {
     inner: S,
 }
 
-impl<S, B> Service<Exchange<B>> for CatchPanic<S>
+impl<S, B, F> Service<Exchange<B, F>> for CatchPanic<S>
 where
-    S: Service<Exchange<B>, Response = Reply, Error = Refusal>,
+    S: Service<Exchange<B, F>, Response = Reply, Error = Refusal>,
 {
     type Response = Reply;
     type Error = Refusal;
@@ -51,7 +51,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, x: Exchange<B>) -> Self::Future {
+    fn call(&mut self, x: Exchange<B, F>) -> Self::Future {
         let kept = Kept {
             conn: x.conn.clone(),
             snap: x.snap.clone(),
@@ -77,7 +77,7 @@ pin_project_lite::pin_project! {
     #[allow(missing_docs)] // pin-project-lite takes no field docs; the variants say it
     /// `CatchPanic`'s future.
     #[project = CatchingProj]
-    pub enum Catching<F> {
+    pub(crate) enum Catching<F> {
         /// The next step's future, with what a panic's answer needs.
         Next {
             #[pin] next: F,
@@ -90,10 +90,10 @@ pin_project_lite::pin_project! {
     }
 }
 
-impl<F: Future<Output = Outcome>> Future for Catching<F> {
-    type Output = Outcome;
+impl<F: Future<Output = Handled>> Future for Catching<F> {
+    type Output = Handled;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Handled> {
         match self.project() {
             CatchingProj::Next { next, kept } => {
                 match catch_unwind(AssertUnwindSafe(|| next.poll(cx))) {
@@ -114,7 +114,7 @@ impl<F: Future<Output = Outcome>> Future for Catching<F> {
 
 /// What a panic's answer and its log line need, kept aside (the exchange itself unwinds
 /// with the panic); small, since every request's future carries it.
-pub struct Kept {
+pub(crate) struct Kept {
     conn: Arc<ConnInfo>,
     snap: Arc<Snapshot>,
     id: RpcId,

@@ -1,6 +1,7 @@
 //! The one `Layer` and `Service` for the steps that judge an exchange without waiting:
-//! each step is a [`Check`] (its verdict on the exchange, filling what it finds), and
-//! [`Checked`] hands the exchange on or refuses it. A refusal either stands at once or,
+//! each step is a [`Check`] (its verdict on the exchange, and what it found), and
+//! [`Checked`] hands the exchange on, what was found added to its facts
+//! (`super::facts::Learn`), or refuses it. A refusal either stands at once or,
 //! before the body is read, reads it (bounded) for the id to echo.
 
 use std::marker::PhantomData;
@@ -11,11 +12,12 @@ use http_body::Body;
 use tower::{Layer, Service};
 
 use super::exchange::{Exchange, Refusal, Reply};
-use super::step::Step;
+use super::facts::Learn;
+use super::handing::Handing;
 use crate::error::GatewayError;
 
 /// Why a check refused an exchange.
-pub enum Refuse {
+pub(crate) enum Refuse {
     /// Answered at once (the id is known, or not worth reading the body for).
     Now(GatewayError),
     /// Answered once the body, if at most `limit` bytes, is read for its id (with
@@ -36,18 +38,21 @@ impl From<GatewayError> for Refuse {
     }
 }
 
-/// A step's verdict on an exchange whose body is `B`.
-pub trait Check<B> {
-    /// Passes (having filled what the step finds) or refuses.
-    fn check(x: &mut Exchange<B>) -> Result<(), Refuse>;
+/// A step's verdict on an exchange whose body is `B` and whose facts are `F`: a step is
+/// implemented only for the facts it needs.
+pub(crate) trait Check<B, F> {
+    /// What the step establishes for later steps (`()`: nothing).
+    type Found;
+    /// Passes with what it found, or refuses.
+    fn check(x: &mut Exchange<B, F>) -> Result<Self::Found, Refuse>;
 }
 
 /// Makes [`Checked`] services for the step `C`.
-pub struct CheckLayer<C>(PhantomData<fn() -> C>);
+pub(crate) struct CheckLayer<C>(PhantomData<fn() -> C>);
 
 impl<C> CheckLayer<C> {
     /// The layer of step `C`.
-    pub const fn new() -> CheckLayer<C> {
+    pub(crate) const fn new() -> CheckLayer<C> {
         CheckLayer(PhantomData)
     }
 }
@@ -75,7 +80,7 @@ impl<C, S> Layer<S> for CheckLayer<C> {
 }
 
 /// Step `C` in front of `inner`.
-pub struct Checked<C, S> {
+pub(crate) struct Checked<C, S> {
     inner: S,
     _check: PhantomData<fn() -> C>,
 }
@@ -91,59 +96,60 @@ impl<C, S: Clone> Clone for Checked<C, S> {
 
 /// A body a refusal can read for the id: the client's stream (read, bounded), or one
 /// already read (`Bytes`: the id is known, the refusal stands at once).
-pub trait RefusalBody: Sized {
+pub(crate) trait RefusalBody: Sized {
     /// The refusal's future.
-    fn refuse<F>(x: Exchange<Self>, refuse: Refuse) -> Step<F>;
+    fn refuse<K, N>(x: Exchange<Self, K>, refuse: Refuse) -> Handing<N>;
 }
 
 impl RefusalBody for Bytes {
-    fn refuse<F>(x: Exchange<Bytes>, refuse: Refuse) -> Step<F> {
+    fn refuse<K, N>(x: Exchange<Bytes, K>, refuse: Refuse) -> Handing<N> {
         let error = match refuse {
             Refuse::Now(error) | Refuse::ReadingId { error, .. } => error,
         };
-        Step::refused(x.refuse(error))
+        Handing::refused(x.refuse(error))
     }
 }
 
 impl RefusalBody for hyper::body::Incoming {
-    fn refuse<F>(x: Exchange<Self>, refuse: Refuse) -> Step<F> {
+    fn refuse<K, N>(x: Exchange<Self, K>, refuse: Refuse) -> Handing<N> {
         refuse_stream(x, refuse)
     }
 }
 
 /// A refusal before the body is read: at once, or after reading it for the id.
-pub fn refuse_stream<B, F>(x: Exchange<B>, refuse: Refuse) -> Step<F>
+pub(crate) fn refuse_stream<B, K, N>(x: Exchange<B, K>, refuse: Refuse) -> Handing<N>
 where
     B: Body<Data = Bytes> + Unpin + Send + 'static,
 {
     match refuse {
-        Refuse::Now(error) => Step::refused(x.refuse(error)),
+        Refuse::Now(error) => Handing::refused(x.refuse(error)),
         Refuse::ReadingId {
             error,
             limit,
             declared_only,
-        } => Step::refused_reading_id(x, error, limit, declared_only),
+        } => Handing::refused_reading_id(x, error, limit, declared_only),
     }
 }
 
-impl<C, S, B> Service<Exchange<B>> for Checked<C, S>
+impl<C, S, B, F> Service<Exchange<B, F>> for Checked<C, S>
 where
-    C: Check<B>,
-    S: Service<Exchange<B>, Response = Reply, Error = Refusal>,
+    C: Check<B, F>,
+    F: Learn<C::Found>,
+    S: Service<Exchange<B, F::Next>, Response = Reply, Error = Refusal>,
     B: RefusalBody,
 {
     type Response = Reply;
     type Error = Refusal;
-    type Future = Step<S::Future>;
+    type Future = Handing<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Refusal>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut x: Exchange<B>) -> Self::Future {
+    fn call(&mut self, mut x: Exchange<B, F>) -> Self::Future {
         match C::check(&mut x) {
-            Ok(()) => Step::Next {
-                next: self.inner.call(x),
+            Ok(found) => Handing::Next {
+                next: self.inner.call(x.learn(found)),
             },
             Err(refuse) => B::refuse(x, refuse),
         }

@@ -8,9 +8,10 @@
 
 use bytes::Bytes;
 
-use super::check::{Check, CheckLayer, Checked, Refuse};
-use super::exchange::{missing_step, Call, Exchange};
-use super::step::id_of_parsed;
+use super::check::{Check, Refuse};
+use super::exchange::Exchange;
+use super::facts::{Admitted, Call};
+use super::handing::id_of_parsed;
 use crate::access_log::LogText;
 use crate::config::AipVersion;
 use crate::error::GatewayError;
@@ -18,22 +19,18 @@ use crate::jsonrpc::envelope::{EnvelopeError, Shape};
 use crate::jsonrpc::{self, Method};
 
 /// The step (see the module documentation).
-pub enum EnvelopeStep {}
+pub(crate) enum EnvelopeStep {}
 
-/// The `Envelope` layer.
-pub type EnvelopeLayer = CheckLayer<EnvelopeStep>;
-/// The `Envelope` service.
-pub type Envelope<S> = Checked<EnvelopeStep, S>;
-
-impl Check<Bytes> for EnvelopeStep {
-    fn check(x: &mut Exchange<Bytes>) -> Result<(), Refuse> {
+impl Check<Bytes, Admitted> for EnvelopeStep {
+    type Found = Call;
+    fn check(x: &mut Exchange<Bytes, Admitted>) -> Result<Call, Refuse> {
         Ok(read(x)?)
     }
 }
 
-/// Parses and checks the envelope, filling the exchange's id, call and log.
-fn read(x: &mut Exchange<Bytes>) -> Result<(), GatewayError> {
-    let (body, x) = (&x.body, &mut *x.state);
+/// Parses and checks the envelope, filling the exchange's id and log: what it says.
+fn read(x: &mut Exchange<Bytes, Admitted>) -> Result<Call, GatewayError> {
+    let (body, route, x) = (&x.body, &x.facts.route, &mut *x.state);
     let parsed = jsonrpc::envelope::parse_within(body, x.snap.config.max_json_depth);
     x.id = id_of_parsed(body, &parsed);
     check_media(&x.head.headers)?;
@@ -48,7 +45,6 @@ fn read(x: &mut Exchange<Bytes>) -> Result<(), GatewayError> {
         .as_ref()
         .and_then(|m| m.session_id.as_ref())
         .map(|s| LogText::of(body, s));
-    let route = x.route.as_ref().ok_or_else(missing_step)?;
     if let Some(path_method) = route.path_method {
         if path_method != call.method {
             return Err(GatewayError::MethodPathMismatch {
@@ -59,8 +55,7 @@ fn read(x: &mut Exchange<Bytes>) -> Result<(), GatewayError> {
     }
     let partner = &route.partner.config;
     check_generation(partner.aip_version, call.method, call.shape, &partner.name)?;
-    x.call = Some(call);
-    Ok(())
+    Ok(call)
 }
 
 /// The body must be declared as the gateway reads it: `application/json` (or no type) in

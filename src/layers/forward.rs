@@ -17,7 +17,8 @@ use tower::Service;
 use http_body_util::Either;
 
 use super::claim;
-use super::exchange::{missing_step, Exchange, Outcome, Refusal, Reply, State};
+use super::exchange::{Exchange, Handled, Refusal, Reply, State};
+use super::facts::Permitted;
 use super::streams::{self, StreamRequest};
 use crate::body::ResponseBody;
 use crate::error::GatewayError;
@@ -31,9 +32,9 @@ use crate::upstream::HeadFuture;
 
 /// See the module documentation.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Forward;
+pub(crate) struct Forward;
 
-impl Service<Exchange<Bytes>> for Forward {
+impl Service<Exchange<Bytes, Permitted>> for Forward {
     type Response = Reply;
     type Error = Refusal;
     type Future = Forwarding;
@@ -42,8 +43,9 @@ impl Service<Exchange<Bytes>> for Forward {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, mut x: Exchange<Bytes>) -> Forwarding {
-        let mut prepared = match prepare(&mut x) {
+    fn call(&mut self, x: Exchange<Bytes, Permitted>) -> Forwarding {
+        let (mut x, facts) = x.take_facts();
+        let mut prepared = match prepare(&mut x, facts) {
             Ok(p) => p,
             Err(e) => {
                 return Forwarding::Done {
@@ -91,12 +93,13 @@ enum Work {
 }
 
 /// Takes what the call needs out of the exchange and builds the Partner's request.
-fn prepare(x: &mut Exchange<Bytes>) -> Result<Prepared, GatewayError> {
-    let (Some(caller), Some(route), Some(call)) = (x.caller.take(), x.route.take(), x.call.take())
-    else {
-        return Err(missing_step());
-    };
-    let in_flight = x.permit.take().ok_or_else(missing_step)?;
+fn prepare(x: &mut Exchange<Bytes>, facts: Permitted) -> Result<Prepared, GatewayError> {
+    let Permitted {
+        caller,
+        route,
+        call,
+        permit: in_flight,
+    } = facts;
     let claim = x.claim.take();
     let work = match (call.has_message, call.method) {
         (true, Method::Stream) => {
@@ -127,7 +130,7 @@ fn prepare(x: &mut Exchange<Bytes>) -> Result<Prepared, GatewayError> {
 }
 
 /// A plain request's state while its response head is awaited.
-pub struct Sending {
+pub(crate) struct Sending {
     x: Exchange<()>,
     route: crate::routing::Route,
     in_flight: InFlightPermit,
@@ -140,20 +143,20 @@ pin_project_lite::pin_project! {
     /// stream, a `start` whose claim waits for the answer, an unusual answer to judge)
     /// boxed.
     #[project = ForwardingProj]
-    pub enum Forwarding {
+    pub(crate) enum Forwarding {
         /// Waiting for the Partner's response head.
         Sending { #[pin] head: HeadFuture, rest: Option<Sending> },
         /// The other paths.
-        Boxed { fut: Pin<Box<dyn Future<Output = Outcome> + Send>> },
+        Boxed { fut: Pin<Box<dyn Future<Output = Handled> + Send>> },
         /// Refused before anything was sent.
-        Done { outcome: Option<Outcome> },
+        Done { outcome: Option<Handled> },
     }
 }
 
 impl Future for Forwarding {
-    type Output = Outcome;
+    type Output = Handled;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Handled> {
         loop {
             let boxed = match self.as_mut().project() {
                 ForwardingProj::Boxed { fut } => return fut.as_mut().poll(cx),
@@ -220,7 +223,7 @@ async fn relay_unusual(
     resp: Response<crate::upstream::PartnerBody>,
     route: crate::routing::Route,
     in_flight: InFlightPermit,
-) -> Outcome {
+) -> Handled {
     let pool = &route.partner.pool;
     match crate::answer::vet(resp, pool.answer_limits(), pool.partner()).await {
         Ok(resp) => {
@@ -232,7 +235,7 @@ async fn relay_unusual(
 }
 
 /// The boxed paths: a `stream`, or a `start` whose claim waits for the answer.
-async fn forward_boxed(mut x: Exchange<()>, p: Prepared, work: Work) -> Outcome {
+async fn forward_boxed(mut x: Exchange<()>, p: Prepared, work: Work) -> Handled {
     let partner = &p.route.partner;
     let snap = x.snap.clone();
     let result = match work {
@@ -275,7 +278,11 @@ impl State {
 
 /// The request to the Partner. Its body is the client's body `Bytes` itself (a reference
 /// count, not a copy): what was parsed is exactly what is forwarded.
-pub fn upstream_request(body: Bytes, uri: http::Uri, headers: HeaderMap) -> Request<Full<Bytes>> {
+pub(crate) fn upstream_request(
+    body: Bytes,
+    uri: http::Uri,
+    headers: HeaderMap,
+) -> Request<Full<Bytes>> {
     let mut req = Request::new(Full::new(body));
     *req.method_mut() = http::Method::POST;
     *req.uri_mut() = uri;
@@ -289,7 +296,7 @@ pub fn upstream_request(body: Bytes, uri: http::Uri, headers: HeaderMap) -> Requ
 /// (the reading the gateway checked), the verified identity
 /// and the gateway's own view of the hop (`x-forwarded-for`, `x-forwarded-proto` and an
 /// equivalent `Forwarded`). A client `x-request-id` worth keeping is passed separately.
-pub fn upstream_headers(
+pub(crate) fn upstream_headers(
     mut headers: HeaderMap,
     identity: &PeerIdentity,
     forwarded: &[HeaderValue; 2],

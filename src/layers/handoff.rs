@@ -17,7 +17,8 @@ use http_body_util::BodyExt;
 use tower::Service;
 
 use super::claim;
-use super::exchange::{missing_step, Exchange, Outcome, Refusal, Reply};
+use super::exchange::{Exchange, Handled, Refusal, Reply};
+use super::facts::Permitted;
 use crate::body::{BoxError, ResponseBody};
 use crate::error::GatewayError;
 use crate::identity::PeerIdentity;
@@ -55,18 +56,18 @@ impl<RB> HandlerBody for RB where
 
 /// See the module documentation.
 #[derive(Clone, Debug)]
-pub struct Handoff<H> {
+pub(crate) struct Handoff<H> {
     handler: H,
 }
 
 impl<H> Handoff<H> {
     /// Hands checked requests to `handler`.
-    pub fn new(handler: H) -> Handoff<H> {
+    pub(crate) fn new(handler: H) -> Handoff<H> {
         Handoff { handler }
     }
 }
 
-impl<H, RB> Service<Exchange<Bytes>> for Handoff<H>
+impl<H, RB> Service<Exchange<Bytes, Permitted>> for Handoff<H>
 where
     H: Handler<Response = Response<RB>>,
     RB: HandlerBody,
@@ -74,7 +75,7 @@ where
     type Response = Reply;
     type Error = Refusal;
     /// Boxed: an embedding Partner's handler future, then the claim settled.
-    type Future = Pin<Box<dyn Future<Output = Outcome> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Handled> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Refusal>> {
         // A handler that is not ready is waited for; one that fails is called anyway
@@ -85,11 +86,12 @@ where
         }
     }
 
-    fn call(&mut self, mut x: Exchange<Bytes>) -> Self::Future {
+    fn call(&mut self, x: Exchange<Bytes, Permitted>) -> Self::Future {
         let clone = self.handler.clone();
         let handler = std::mem::replace(&mut self.handler, clone);
+        let (mut x, facts) = x.take_facts();
         Box::pin(async move {
-            match hand_off(handler, &mut x).await {
+            match hand_off(handler, &mut x, facts).await {
                 Ok(response) => Ok(x.reply(response)),
                 Err(e) => Err(x.refuse(e)),
             }
@@ -100,15 +102,19 @@ where
 async fn hand_off<H, RB>(
     mut handler: H,
     x: &mut Exchange<Bytes>,
+    facts: Permitted,
 ) -> Result<Response<ResponseBody>, GatewayError>
 where
     H: Handler<Response = Response<RB>>,
     RB: HandlerBody,
 {
-    let caller = x.caller.clone().ok_or_else(missing_step)?;
-    let route = x.route.as_ref().ok_or_else(missing_step)?;
+    let Permitted {
+        caller,
+        route,
+        permit,
+        ..
+    } = facts;
     let partner = route.partner.config.name.clone();
-    let permit = x.permit.take().ok_or_else(missing_step)?;
     let headers = x.partner_headers(&caller);
     let mut req = Request::new(std::mem::take(&mut x.body));
     *req.method_mut() = x.head.method.clone();

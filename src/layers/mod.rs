@@ -21,23 +21,30 @@
 //!   or Handoff   a Partner embedding the path: its own handler
 //! ```
 //!
-//! Each step is a tower [`Layer`](tower::Layer) over [`Exchange`]: the request and the
-//! facts earlier steps found, passed in fields (not extensions: no allocation). The steps
-//! that judge without waiting are each a [`Check`] behind the one generic [`CheckLayer`];
-//! `ReadBody`, `CatchPanic`, `Respond` and `Forward` have futures of their own, and
-//! `StrictQuota` and `Owners`, which may ask Redis first, are each an [`Ask`] behind the
-//! one generic [`AskLayer`]. A step
-//! either hands the exchange on (its future is the next step's future, unboxed; a plain
-//! request's whole path allocates only the exchange's state) or
-//! refuses it with a [`Refusal`]; nothing but `Respond` turns a refusal into a response.
+//! Each step is a tower [`Layer`](tower::Layer) over an `Exchange`: the request and the
+//! facts earlier steps found, passed in fields (not extensions: no allocation). What a
+//! step establishes for later ones (the caller, the route, the call, the permit) travels
+//! in the exchange's type (`facts`): a step that needs a fact is implemented only for an
+//! exchange that has it, so a stack assembled in the wrong order does not compile. The
+//! steps that judge without waiting are each a `Check` behind the one generic
+//! `CheckLayer`; `ReadBody`, `CatchPanic`, `Respond` and `Forward` have futures of their
+//! own, and `StrictQuota` and `Owners`, which may ask Redis first, are each an `Ask`
+//! behind the one generic `AskLayer`. A step either hands the exchange on (its future is
+//! the next step's future, unboxed; a plain request's whole path allocates only the
+//! exchange's state) or refuses it with a `Refusal`; nothing but `Respond` turns a
+//! refusal into a response.
+//!
+//! Public: [`stack`] and [`embedded`] (the whole path, as a service), [`ConnInfo`], and
+//! what an embedding Partner's handler meets ([`Handler`], [`HandlerBody`], [`Caller`]);
+//! the steps themselves are the crate's own.
 //!
 //! ## Embedding
 //! A Partner served by hyper (or axum, or anything tower) can put the same steps in front
 //! of its own handler, without a separate gateway: build a [`Gateway`] from a config whose
 //! one `[[partner]]` describes the Partner itself (its access rules, AIP generation and
 //! limits; its upstream URL is not used), serve TLS with the config's own rustls settings
-//! (`Snapshot::tls`), and per connection call [`ConnInfo::accepted`] and [`stack`] with a
-//! [`Handoff`] around the handler. `examples/embedded_partner.rs` shows it.
+//! (`Snapshot::tls`), and per connection call [`ConnInfo::accepted`] and [`embedded`]
+//! with the handler. `examples/embedded_partner.rs` shows it.
 
 mod ask;
 mod authenticate;
@@ -46,7 +53,9 @@ mod check;
 mod claim;
 mod envelope;
 mod exchange;
+mod facts;
 mod forward;
+mod handing;
 mod handoff;
 mod owners;
 mod permit;
@@ -55,52 +64,62 @@ mod quota;
 mod read_body;
 mod respond;
 mod route;
-mod step;
 pub(crate) mod streams;
 mod strict;
 mod trace;
 
+use std::convert::Infallible;
 use std::sync::{Arc, LazyLock};
 
+use bytes::Bytes;
 use http::header::{self, HeaderName};
-use tower::ServiceBuilder;
-use tower_http::sensitive_headers::{SetSensitiveRequestHeaders, SetSensitiveRequestHeadersLayer};
+use http::{Request, Response};
+use hyper::body::Incoming;
+use tower::{Service, ServiceBuilder};
+use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
 
-pub use ask::{Ask, AskLayer, Asked, Asking};
-pub use authenticate::{Authenticate, AuthenticateLayer, AuthenticateStep};
-pub use catch_panic::{CatchPanic, CatchPanicLayer};
-pub use check::{refuse_stream, Check, CheckLayer, Checked, RefusalBody, Refuse};
-pub use envelope::{Envelope, EnvelopeLayer, EnvelopeStep};
-pub use exchange::{
-    missing_step, Call, ConnInfo, Exchange, Outcome, OwnerLookup, Refusal, Reply, State, Text,
-};
-pub use forward::{upstream_headers, upstream_request, Forward};
-pub use handoff::{Caller, Handler, HandlerBody, Handoff};
-pub use owners::{Owners, OwnersLayer, OwnersStep};
-pub use permit::{Permit, PermitLayer, PermitStep};
-pub use policy::{Policy, PolicyLayer, PolicyStep};
-pub use quota::{Quota, QuotaLayer, QuotaStep};
-pub use read_body::{ReadBody, ReadBodyLayer};
-pub use respond::{Respond, RespondLayer};
-pub use route::{Route, RouteLayer, RouteStep};
-pub use step::Step;
-pub use strict::{StrictQuota, StrictQuotaLayer, StrictQuotaStep};
-pub use trace::{Trace, TraceLayer, TraceStep};
+use ask::AskLayer;
+use catch_panic::CatchPanicLayer;
+use check::CheckLayer;
+pub use exchange::ConnInfo;
+pub(crate) use exchange::{Exchange, Refusal, Reply};
+use facts::Permitted;
+pub(crate) use forward::Forward;
+use handoff::Handoff;
+pub use handoff::{Caller, Handler, HandlerBody};
+use read_body::ReadBodyLayer;
+use respond::RespondLayer;
 
+pub use crate::access_log::Logged;
 use crate::gateway::Gateway;
 
-/// The whole request path ending in `last` ([`Forward`] or a [`Handoff`]).
-pub type Stack<S> = SetSensitiveRequestHeaders<
-    Respond<
-        Trace<
-            Authenticate<
-                Route<
-                    Quota<ReadBody<Envelope<CatchPanic<StrictQuota<Policy<Owners<Permit<S>>>>>>>>,
-                >,
-            >,
-        >,
-    >,
->;
+/// The whole request path for one connection, as hyper (through `service_fn` or
+/// `TowerToHyperService`) or any tower server takes it.
+pub trait RequestPath:
+    Service<
+        Request<Incoming>,
+        Response = Response<Logged>,
+        Error = Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<T> RequestPath for T where
+    T: Service<
+            Request<Incoming>,
+            Response = Response<Logged>,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
 
 /// The request headers marked sensitive: they are passed on, but never printed in a
 /// debug log and never entered in an HTTP/2 Partner connection's HPACK table.
@@ -115,21 +134,46 @@ fn sensitive() -> Arc<[HeaderName]> {
     NAMES.clone()
 }
 
-/// The request path for one connection to `gateway`, ending in `last`.
-pub fn stack<S>(gateway: Arc<Gateway>, conn: Arc<ConnInfo>, last: S) -> Stack<S> {
+/// The gateway's request path for one connection to `gateway`, ending in the Partner
+/// call.
+pub fn stack(gateway: Arc<Gateway>, conn: Arc<ConnInfo>) -> impl RequestPath {
+    build(gateway, conn, Forward)
+}
+
+/// The request path for one connection to a Partner that embeds it, ending in the
+/// Partner's own `handler`.
+pub fn embedded<H, RB>(gateway: Arc<Gateway>, conn: Arc<ConnInfo>, handler: H) -> impl RequestPath
+where
+    H: Handler<Response = Response<RB>>,
+    RB: HandlerBody,
+{
+    build(gateway, conn, Handoff::new(handler))
+}
+
+/// The steps in the order a request meets them, ending in `last`. Each step's type says
+/// which facts it needs (`facts`): reordering them is a compile error.
+fn build<S>(gateway: Arc<Gateway>, conn: Arc<ConnInfo>, last: S) -> impl RequestPath
+where
+    S: Service<Exchange<Bytes, Permitted>, Response = Reply, Error = Refusal>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
     ServiceBuilder::new()
         .layer(SetSensitiveRequestHeadersLayer::from_shared(sensitive()))
         .layer(RespondLayer::new(gateway, conn))
-        .layer(TraceLayer::new())
-        .layer(AuthenticateLayer::new())
-        .layer(RouteLayer::new())
-        .layer(QuotaLayer::new())
+        .layer(CheckLayer::<trace::TraceStep>::new())
+        .layer(CheckLayer::<authenticate::AuthenticateStep>::new())
+        .layer(CheckLayer::<route::RouteStep>::new())
+        .layer(CheckLayer::<quota::QuotaStep>::new())
         .layer(ReadBodyLayer)
-        .layer(EnvelopeLayer::new())
+        .layer(CheckLayer::<envelope::EnvelopeStep>::new())
         .layer(CatchPanicLayer)
-        .layer(StrictQuotaLayer::new())
-        .layer(PolicyLayer::new())
-        .layer(OwnersLayer::new())
-        .layer(PermitLayer::new())
+        .layer(AskLayer::<strict::StrictQuotaStep>::new())
+        .layer(CheckLayer::<policy::PolicyStep>::new())
+        .layer(AskLayer::<owners::OwnersStep>::new())
+        .layer(CheckLayer::<permit::PermitStep>::new())
         .service(last)
 }

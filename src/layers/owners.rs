@@ -10,51 +10,45 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::ask::{Ask, AskLayer, Asked};
-use super::exchange::{missing_step, Exchange, OwnerLookup, Refusal};
+use super::ask::Ask;
+use super::exchange::{Exchange, OwnerLookup, Refusal};
+use super::facts::Parsed;
 use crate::cluster::{tasks, Cluster};
 use crate::policy::tasks::{not_task_owner, unknown_task, UnknownTask};
 
 /// The step (see the module documentation).
-pub enum OwnersStep {}
+pub(crate) enum OwnersStep {}
 
-/// The `Owners` layer.
-pub type OwnersLayer = AskLayer<OwnersStep>;
-/// The `Owners` service.
-pub type Owners<S> = Asked<OwnersStep, S>;
-
-impl Ask for OwnersStep {
+impl Ask<Parsed> for OwnersStep {
     type Plan = (OwnerLookup, Arc<Cluster>);
 
-    fn plan(x: &mut Exchange<Bytes>) -> Option<Self::Plan> {
+    fn plan(x: &mut Exchange<Bytes, Parsed>) -> Option<Self::Plan> {
         let lookup = x.owner_lookup.take();
         Some((lookup?, x.snap.cluster.clone()?))
     }
 
     fn ask(
-        x: Exchange<Bytes>,
+        x: Exchange<Bytes, Parsed>,
         (lookup, cluster): Self::Plan,
-    ) -> impl std::future::Future<Output = Result<Exchange<Bytes>, Refusal>> + Send {
+    ) -> impl std::future::Future<Output = Result<Exchange<Bytes, Parsed>, Refusal>> + Send {
         ask(x, lookup, cluster)
     }
 }
 
 async fn ask(
-    mut x: Exchange<Bytes>,
+    mut x: Exchange<Bytes, Parsed>,
     lookup: OwnerLookup,
     cluster: Arc<Cluster>,
-) -> Result<Exchange<Bytes>, Refusal> {
-    let (Some(caller), Some(route), Some(call)) = (&x.caller, &x.route, &x.call) else {
-        return Err(x.refuse(missing_step()));
-    };
+) -> Result<Exchange<Bytes, Parsed>, Refusal> {
+    let Parsed { caller, route, .. } = &x.facts;
     let aic = caller.aic;
     let partner = route.partner.config.name.clone();
-    let Some(task) = call.task_id.as_ref().map(|t| t.get(&x.body).to_owned()) else {
-        return Err(x.refuse(missing_step()));
+    let task = match &lookup {
+        OwnerLookup::Claim(t) | OwnerLookup::Check(t) => t.get(&x.body).to_owned(),
     };
     let tasks_policy = &x.snap.config.tasks;
     match lookup {
-        OwnerLookup::Claim => {
+        OwnerLookup::Claim(_) => {
             match tasks::claim(&cluster, &partner, &task, &aic, tasks_policy.ttl).await {
                 Ok(tasks::Claim::Ours { pending }) => {
                     // Only a claim this start created or joined in Redis is settled by its
@@ -79,7 +73,7 @@ async fn ask(
                 Err(_) => Ok(x),
             }
         }
-        OwnerLookup::Check => {
+        OwnerLookup::Check(_) => {
             let unknown = tasks_policy.unknown;
             match tasks::owner(&cluster, &partner, &task).await {
                 Ok(Some(owner)) => {

@@ -7,8 +7,9 @@
 
 use bytes::Bytes;
 
-use super::check::{Check, CheckLayer, Checked, Refuse};
-use super::exchange::{missing_step, Exchange, OwnerLookup, Text};
+use super::check::{Check, Refuse};
+use super::exchange::{Exchange, OwnerLookup};
+use super::facts::{Parsed, Text};
 use crate::error::GatewayError;
 use crate::identity::Aic;
 use crate::jsonrpc::envelope::EnvelopeError;
@@ -16,24 +17,24 @@ use crate::jsonrpc::Method;
 use crate::policy::tasks::{check_task, is_start};
 
 /// The step (see the module documentation).
-pub enum PolicyStep {}
+pub(crate) enum PolicyStep {}
 
-/// The `Policy` layer.
-pub type PolicyLayer = CheckLayer<PolicyStep>;
-/// The `Policy` service.
-pub type Policy<S> = Checked<PolicyStep, S>;
-
-impl Check<Bytes> for PolicyStep {
-    fn check(x: &mut Exchange<Bytes>) -> Result<(), Refuse> {
+impl Check<Bytes, Parsed> for PolicyStep {
+    type Found = ();
+    fn check(x: &mut Exchange<Bytes, Parsed>) -> Result<(), Refuse> {
         Ok(check(x)?)
     }
 }
 
-fn check(x: &mut Exchange<Bytes>) -> Result<(), GatewayError> {
-    let (Some(caller), Some(route), Some(call)) = (&x.caller, &x.route, &x.call) else {
-        return Err(missing_step());
-    };
-    let body = &x.body[..];
+fn check(x: &mut Exchange<Bytes, Parsed>) -> Result<(), GatewayError> {
+    let Parsed {
+        caller,
+        route,
+        call,
+    } = &x.facts;
+    let x_body = &x.body;
+    let x = &mut *x.state;
+    let body = &x_body[..];
     fn text<'a>(t: &'a Option<Text>, body: &'a [u8]) -> Option<&'a str> {
         t.as_ref().map(|t| t.get(body))
     }
@@ -57,8 +58,8 @@ fn check(x: &mut Exchange<Bytes>) -> Result<(), GatewayError> {
         && call.method != Method::Group
         && !is_start(call.method, call.command)
         && task.is_some_and(|t| x.snap.tasks.owner(&partner.name, t).is_none());
-    if ask {
-        x.owner_lookup = Some(OwnerLookup::Check);
+    if let (true, Some(t)) = (ask, &call.task_id) {
+        x.owner_lookup = Some(OwnerLookup::Check(t.clone()));
         return Ok(());
     }
     // A `start`'s claim is provisional until the Partner accepts it.
@@ -76,9 +77,9 @@ fn check(x: &mut Exchange<Bytes>) -> Result<(), GatewayError> {
     if let (Some(claim), Some(metrics)) = (x.claim.as_mut(), metrics) {
         claim.count_in(metrics);
     }
-    if clustered && x.claim.is_some() {
-        // New here: claimed in Redis too before it is forwarded.
-        x.owner_lookup = Some(OwnerLookup::Claim);
+    if let (true, Some(_), Some(t)) = (clustered, &x.claim, &call.task_id) {
+        // New here: claimed in Redis too before it is forwarded (a claim is of a task).
+        x.owner_lookup = Some(OwnerLookup::Claim(t.clone()));
     }
     Ok(())
 }

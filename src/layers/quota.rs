@@ -8,25 +8,20 @@
 //! refuses every request a quota applies to (`cluster_unavailable`). A quota marked
 //! `strict` is left to `StrictQuota` while Redis answers.
 
-use super::check::{Check, CheckLayer, Checked, Refuse};
-use super::exchange::{missing_step, Exchange};
+use super::check::{Check, Refuse};
+use super::exchange::Exchange;
+use super::facts::Admitted;
 use crate::cluster::OnClusterError;
 use crate::error::GatewayError;
 
 /// The step (see the module documentation).
-pub enum QuotaStep {}
+pub(crate) enum QuotaStep {}
 
-/// The `Quota` layer.
-pub type QuotaLayer = CheckLayer<QuotaStep>;
-/// The `Quota` service.
-pub type Quota<S> = Checked<QuotaStep, S>;
-
-impl<B> Check<B> for QuotaStep {
-    fn check(x: &mut Exchange<B>) -> Result<(), Refuse> {
-        let state = &mut **x;
-        let (Some(caller), Some(route)) = (&state.caller, &state.route) else {
-            return Err(missing_step().into());
-        };
+impl<B> Check<B, Admitted> for QuotaStep {
+    type Found = ();
+    fn check(x: &mut Exchange<B, Admitted>) -> Result<(), Refuse> {
+        let Admitted { caller, route } = &x.facts;
+        let state = &mut *x.state;
         let partner = Some(route.partner.config.name.as_str());
         let limiter = &state.snap.limiter;
         let verdict = match state.snap.cluster.as_deref() {

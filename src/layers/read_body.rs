@@ -15,14 +15,14 @@ use bytes::Bytes;
 use http_body::Body;
 use tower::{Layer, Service};
 
-use super::exchange::{Exchange, Outcome, Refusal, Reply};
+use super::exchange::{Exchange, Handled, Refusal, Reply};
 use crate::body::{read_bounded, BodyError, ReadBounded};
 use crate::error::GatewayError;
 use crate::timers::{bounded, Bounded};
 
 /// See the module documentation.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct ReadBodyLayer;
+pub(crate) struct ReadBodyLayer;
 
 impl<S> Layer<S> for ReadBodyLayer {
     type Service = ReadBody<S>;
@@ -33,24 +33,24 @@ impl<S> Layer<S> for ReadBodyLayer {
 
 /// See the module documentation.
 #[derive(Clone, Debug)]
-pub struct ReadBody<S> {
+pub(crate) struct ReadBody<S> {
     inner: S,
 }
 
-impl<S, B> Service<Exchange<B>> for ReadBody<S>
+impl<S, B, F> Service<Exchange<B, F>> for ReadBody<S>
 where
-    S: Service<Exchange<Bytes>, Response = Reply, Error = Refusal> + Clone,
+    S: Service<Exchange<Bytes, F>, Response = Reply, Error = Refusal> + Clone,
     B: Body<Data = Bytes> + Unpin,
 {
     type Response = Reply;
     type Error = Refusal;
-    type Future = Reading<B, S>;
+    type Future = Reading<B, F, S>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Refusal>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, x: Exchange<B>) -> Self::Future {
+    fn call(&mut self, x: Exchange<B, F>) -> Self::Future {
         let cfg = &x.snap.config;
         let (limit, timeout) = (cfg.max_body_bytes, cfg.listener.body_read_timeout);
         let length = x.content_length();
@@ -69,11 +69,11 @@ pin_project_lite::pin_project! {
     #[allow(missing_docs)] // pin-project-lite takes no field docs; the variants say it
     /// `ReadBody`'s future: reading, then the next step's future.
     #[project = ReadingProj]
-    pub enum Reading<B, S: Service<Exchange<Bytes>>> {
+    pub(crate) enum Reading<B, F, S: Service<Exchange<Bytes, F>>> {
         /// The body is arriving.
         Read {
             #[pin] read: Bounded<ReadBounded<B>>,
-            rest: Option<(Exchange<()>, S)>,
+            rest: Option<(Exchange<(), F>, S)>,
         },
         /// The next step has the exchange.
         Next {
@@ -82,14 +82,14 @@ pin_project_lite::pin_project! {
     }
 }
 
-impl<B, S> Future for Reading<B, S>
+impl<B, F, S> Future for Reading<B, F, S>
 where
-    S: Service<Exchange<Bytes>, Response = Reply, Error = Refusal>,
+    S: Service<Exchange<Bytes, F>, Response = Reply, Error = Refusal>,
     B: Body<Data = Bytes> + Unpin,
 {
-    type Output = Outcome;
+    type Output = Handled;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Handled> {
         loop {
             let next = match self.as_mut().project() {
                 ReadingProj::Next { next } => return next.poll(cx),
@@ -98,7 +98,7 @@ where
                     let Some((x, mut inner)) = rest.take() else {
                         return Poll::Pending; // polled after completion
                     };
-                    let refuse = |x: Exchange<()>, e| Poll::Ready(Err(x.refuse(e)));
+                    let refuse = |x: Exchange<(), F>, e| Poll::Ready(Err(x.refuse(e)));
                     match read {
                         Ok(Ok(body)) => {
                             let (mut x, ()) = x.replace_body(body);

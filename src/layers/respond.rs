@@ -15,7 +15,7 @@ use http::{Request, Response};
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
-use super::exchange::{ConnInfo, Exchange, Outcome, Refusal, Reply};
+use super::exchange::{ConnInfo, Exchange, Handled, Refusal, Reply};
 use crate::access_log::{AccessLog, Logged};
 use crate::body::full;
 use crate::gateway::Gateway;
@@ -23,14 +23,14 @@ use crate::relay_body::is_event_stream;
 
 /// Makes [`Respond`] for one connection.
 #[derive(Clone)]
-pub struct RespondLayer {
+pub(crate) struct RespondLayer {
     gateway: Arc<Gateway>,
     conn: Arc<ConnInfo>,
 }
 
 impl RespondLayer {
     /// For the connection `conn` to `gateway`.
-    pub fn new(gateway: Arc<Gateway>, conn: Arc<ConnInfo>) -> RespondLayer {
+    pub(crate) fn new(gateway: Arc<Gateway>, conn: Arc<ConnInfo>) -> RespondLayer {
         RespondLayer { gateway, conn }
     }
 }
@@ -48,7 +48,7 @@ impl<S> Layer<S> for RespondLayer {
 
 /// See the module documentation.
 #[derive(Clone)]
-pub struct Respond<S> {
+pub(crate) struct Respond<S> {
     inner: S,
     gateway: Arc<Gateway>,
     conn: Arc<ConnInfo>,
@@ -82,14 +82,14 @@ where
 
 pin_project_lite::pin_project! {
     /// `Respond`'s future.
-    pub struct Responding<F> {
+    pub(crate) struct Responding<F> {
         #[pin]
         next: F,
         started: Instant,
     }
 }
 
-impl<F: Future<Output = Outcome>> Future for Responding<F> {
+impl<F: Future<Output = Handled>> Future for Responding<F> {
     type Output = Result<Response<Logged>, Infallible>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {

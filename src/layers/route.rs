@@ -1,21 +1,18 @@
 //! `Route`: only `POST` carries JSON-RPC; the host and path pick the Partner (and the
 //! method the path names), from the Partner table of this request's snapshot.
 
-use super::check::{Check, CheckLayer, Checked, Refuse};
+use super::check::{Check, Refuse};
 use super::exchange::Exchange;
+use super::facts::Verified;
 use crate::error::GatewayError;
 use crate::routing::request_host;
 
 /// The step (see the module documentation).
-pub enum RouteStep {}
+pub(crate) enum RouteStep {}
 
-/// The `Route` layer.
-pub type RouteLayer = CheckLayer<RouteStep>;
-/// The `Route` service.
-pub type Route<S> = Checked<RouteStep, S>;
-
-impl<B> Check<B> for RouteStep {
-    fn check(x: &mut Exchange<B>) -> Result<(), Refuse> {
+impl<B> Check<B, Verified> for RouteStep {
+    type Found = crate::routing::Route;
+    fn check(x: &mut Exchange<B, Verified>) -> Result<Self::Found, Refuse> {
         if x.head.method != http::Method::POST {
             let method = std::mem::replace(&mut x.head.method, http::Method::POST);
             return Err(GatewayError::HttpMethod(method).into());
@@ -28,13 +25,12 @@ impl<B> Check<B> for RouteStep {
             });
         };
         x.log.partner = Some(route.partner.label.clone());
-        x.route = Some(route);
-        Ok(())
+        Ok(route)
     }
 }
 
 /// The Partner the request's host and path name, if any.
-pub(super) fn lookup<B>(x: &Exchange<B>) -> Option<crate::routing::Route> {
+pub(super) fn lookup<B, F>(x: &Exchange<B, F>) -> Option<crate::routing::Route> {
     let host = request_host(&x.head.uri, &x.head.headers, x.conn.sni.as_deref());
     x.snap.router.route(host.as_deref(), x.head.uri.path())
 }

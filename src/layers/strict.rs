@@ -12,24 +12,19 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::ask::{Ask, AskLayer, Asked};
+use super::ask::Ask;
 use super::exchange::{Exchange, Refusal};
 use crate::cluster::{ratelimit, Cluster, OnClusterError};
 use crate::error::GatewayError;
 use crate::ratelimit::StrictCheck;
 
 /// The step (see the module documentation).
-pub enum StrictQuotaStep {}
+pub(crate) enum StrictQuotaStep {}
 
-/// The `StrictQuota` layer.
-pub type StrictQuotaLayer = AskLayer<StrictQuotaStep>;
-/// The `StrictQuota` service.
-pub type StrictQuota<S> = Asked<StrictQuotaStep, S>;
-
-impl Ask for StrictQuotaStep {
+impl<F: Send + Sync + 'static> Ask<F> for StrictQuotaStep {
     type Plan = (Vec<StrictCheck>, Arc<Cluster>);
 
-    fn plan(x: &mut Exchange<Bytes>) -> Option<Self::Plan> {
+    fn plan(x: &mut Exchange<Bytes, F>) -> Option<Self::Plan> {
         if x.strict.is_empty() {
             return None;
         }
@@ -38,9 +33,9 @@ impl Ask for StrictQuotaStep {
     }
 
     async fn ask(
-        x: Exchange<Bytes>,
+        x: Exchange<Bytes, F>,
         (checks, cluster): Self::Plan,
-    ) -> Result<Exchange<Bytes>, Refusal> {
+    ) -> Result<Exchange<Bytes, F>, Refusal> {
         match verdict(&x, &cluster, &checks).await {
             Ok(()) => Ok(x),
             Err(error) => Err(x.refuse(error)),
@@ -48,8 +43,8 @@ impl Ask for StrictQuotaStep {
     }
 }
 
-async fn verdict(
-    x: &Exchange<Bytes>,
+async fn verdict<F>(
+    x: &Exchange<Bytes, F>,
     cluster: &Arc<Cluster>,
     checks: &[StrictCheck],
 ) -> Result<(), GatewayError> {

@@ -4,20 +4,16 @@
 //! Hand-written rather than tower-http's `SetRequestId`: the id goes into the access log
 //! and the Partner's headers, not into request extensions (three allocations a request).
 
-use super::check::{Check, CheckLayer, Checked, Refuse};
+use super::check::{Check, Refuse};
 use super::exchange::Exchange;
 use crate::trace::TraceContext;
 
 /// The step (see the module documentation).
-pub enum TraceStep {}
+pub(crate) enum TraceStep {}
 
-/// The `Trace` layer.
-pub type TraceLayer = CheckLayer<TraceStep>;
-/// The `Trace` service.
-pub type Trace<S> = Checked<TraceStep, S>;
-
-impl<B> Check<B> for TraceStep {
-    fn check(x: &mut Exchange<B>) -> Result<(), Refuse> {
+impl<B, F> Check<B, F> for TraceStep {
+    type Found = ();
+    fn check(x: &mut Exchange<B, F>) -> Result<(), Refuse> {
         x.log.trace = Some(TraceContext::from_request(&x.head.headers));
         Ok(())
     }

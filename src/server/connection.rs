@@ -48,7 +48,7 @@ pub(super) async fn serve_connection(
     let bounds = Bounds::for_connection(l, verified);
     // The request path (`crate::layers`), built once for this connection, ending in
     // the Partner call.
-    let stack = layers::stack(gateway, conn.clone(), Forward);
+    let stack = layers::stack(gateway, conn.clone());
     let svc = requests(stack, &activity, conn, verified, h2);
     let io = TokioIo::new(tls);
     let (why, ended) = if h2 {
@@ -139,7 +139,7 @@ async fn handshake(
 /// body ends; on a connection unverified at its handshake, a refusal's answer is its
 /// last.
 fn requests(
-    stack: layers::Stack<Forward>,
+    stack: impl layers::RequestPath,
     activity: &Arc<Activity>,
     conn: Arc<ConnInfo>,
     verified: bool,

@@ -38,7 +38,7 @@ use crate::background::Background;
 use crate::body::Held;
 use crate::gateway::Gateway;
 use crate::identity::ConnAuth;
-use crate::layers::{self, ConnInfo, Forward};
+use crate::layers::{self, ConnInfo};
 use crate::metrics::{KindLabels, Metrics, ReasonLabels};
 use crate::ratelimit::concurrency::{KeyedCounts, KeyedPermit};
 use crate::timers::HeadTimer;

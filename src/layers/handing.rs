@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::Body;
 
-use super::exchange::{Exchange, Outcome, Refusal};
+use super::exchange::{Exchange, Handled, Refusal};
 use crate::body::read_bounded;
 use crate::error::GatewayError;
 use crate::jsonrpc::{self, RpcId};
@@ -17,8 +17,8 @@ use crate::jsonrpc::{self, RpcId};
 pin_project_lite::pin_project! {
     #[allow(missing_docs)] // pin-project-lite takes no field docs; the variants say it
     /// See the module documentation.
-    #[project = StepProj]
-    pub enum Step<F> {
+    #[project = HandingProj]
+    pub(crate) enum Handing<F> {
         /// The exchange went on: the next step's future.
         Next {
             #[pin] next: F,
@@ -34,10 +34,10 @@ pin_project_lite::pin_project! {
     }
 }
 
-impl<F> Step<F> {
+impl<F> Handing<F> {
     /// Refused now.
-    pub fn refused(refusal: Refusal) -> Step<F> {
-        Step::Refused {
+    pub(crate) fn refused(refusal: Refusal) -> Handing<F> {
+        Handing::Refused {
             refusal: Some(refusal),
         }
     }
@@ -46,12 +46,12 @@ impl<F> Step<F> {
     /// at most `limit` bytes and arrives within `listener.body_read_timeout`, else
     /// `null`. A body declared larger (or, with `declared_only`, not declared at all) is
     /// left unread.
-    pub fn refused_reading_id<B>(
-        x: Exchange<B>,
+    pub(crate) fn refused_reading_id<B, K>(
+        x: Exchange<B, K>,
         error: GatewayError,
         limit: usize,
         declared_only: bool,
-    ) -> Step<F>
+    ) -> Handing<F>
     where
         B: Body<Data = Bytes> + Unpin + Send + 'static,
     {
@@ -61,12 +61,12 @@ impl<F> Step<F> {
             None => declared_only,
         };
         if unread {
-            return Step::refused(x.refuse(error));
+            return Handing::refused(x.refuse(error));
         }
         let timeout = x.snap.config.listener.body_read_timeout;
         let (x, body) = x.replace_body(());
+        let mut refusal = x.refuse(error);
         let read = async move {
-            let mut refusal = x.refuse(error);
             if let Ok(Ok(bytes)) =
                 tokio::time::timeout(timeout, read_bounded(body, length, limit)).await
             {
@@ -74,7 +74,7 @@ impl<F> Step<F> {
             }
             refusal
         };
-        Step::Reading {
+        Handing::Reading {
             read: Box::pin(read),
         }
     }
@@ -97,17 +97,17 @@ pub(super) fn id_of_parsed(
     raw.map_or_else(RpcId::null, |r| RpcId::from_body(body, r))
 }
 
-impl<F: Future<Output = Outcome>> Future for Step<F> {
-    type Output = Outcome;
+impl<F: Future<Output = Handled>> Future for Handing<F> {
+    type Output = Handled;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Handled> {
         match self.project() {
-            StepProj::Next { next } => next.poll(cx),
-            StepProj::Refused { refusal } => match refusal.take() {
+            HandingProj::Next { next } => next.poll(cx),
+            HandingProj::Refused { refusal } => match refusal.take() {
                 Some(r) => Poll::Ready(Err(r)),
                 None => Poll::Pending, // polled after completion: never again ready
             },
-            StepProj::Reading { read } => read.as_mut().poll(cx).map(Err),
+            HandingProj::Reading { read } => read.as_mut().poll(cx).map(Err),
         }
     }
 }
