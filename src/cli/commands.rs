@@ -67,7 +67,7 @@ pub fn main() -> ExitCode {
     // work-stealing runtime and serves the connections too.
     let shared = config
         .as_ref()
-        .is_some_and(|c| c.scheduler == crate::config::raw::Scheduler::Shared);
+        .is_some_and(|c| c.scheduler == crate::config::Scheduler::Shared);
     let mut builder = if shared {
         tokio::runtime::Builder::new_multi_thread()
     } else {
@@ -162,11 +162,11 @@ async fn dispatch(
                 background.spawn(crate::reload::watcher(g, path, debounce, watch, at_load));
             }
             let workers = match cfg_scheduler {
-                crate::config::raw::Scheduler::PerCore => Some(std::sync::Arc::new(
+                crate::config::Scheduler::PerCore => Some(std::sync::Arc::new(
                     crate::workers::Workers::start(worker_count, cache_flush)
                         .map_err(|e| failed(anyhow::anyhow!("cannot start the workers: {e}")))?,
                 )),
-                crate::config::raw::Scheduler::Shared => None,
+                crate::config::Scheduler::Shared => None,
             };
             tracing::info!(%bind, workers = worker_count, scheduler = ?cfg_scheduler, "aipgw listening");
             let result =

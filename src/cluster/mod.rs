@@ -73,33 +73,61 @@ pub struct RedisTls {
 
 /// `[cluster]`, validated (meanings and defaults: `config::raw::RawCluster`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[allow(missing_docs)]
 pub struct ClusterSettings {
+    /// `local` (one instance, state in memory) or `redis` (shared through Redis).
     pub mode: ClusterMode,
+    /// `redis://host:port[/db]`, or `rediss://` for TLS (with `tls_ca`, and `tls_cert` +
+    /// `tls_key` for a client certificate).
     pub redis_url: String,
+    /// TLS to Redis (`rediss://`): `tls_ca`, and `tls_cert` + `tls_key` for a client
+    /// certificate.
     pub tls: RedisTls,
+    /// Every key the gateway writes starts with this.
     pub key_prefix: String,
+    /// This instance's name in shared state (default: host name and process id).
     pub instance_id: String,
+    /// A Redis command that takes longer counts as failed.
     pub command_timeout: Duration,
+    /// A connection attempt that takes longer fails (and is retried in the background).
     pub connect_timeout: Duration,
+    /// What quotas do while Redis cannot be reached.
     pub on_error: OnClusterError,
+    /// How often shared quota spending is exchanged with Redis.
     pub sync_interval: Duration,
+    /// Quota keys sent in one script call at most (a sync with more is split).
     pub max_keys_per_call: usize,
+    /// A stream's lease (open streams per AIC across instances) lasts this long unless
+    /// renewed; the instance renews its leases every third of it.
     pub stream_lease_ttl: Duration,
+    /// The replay buffer shared: re-streams served by any instance.
     pub replay: ReplaySettings,
 }
 
 /// `[cluster.replay]`, validated (meanings and defaults: `config::raw::RawClusterReplay`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(missing_docs)]
 pub struct ReplaySettings {
+    /// Whether recorded streams are also written to Redis, so a `re-stream` reaching
+    /// another instance is served from them.
     pub enabled: bool,
+    /// Events waiting to be written to Redis, in all; a stream whose event finds the queue
+    /// full is marked with a gap (and no longer served by other instances).
     pub queue_events: usize,
+    /// Entries written, or read by a follower on another instance, in one round trip at
+    /// most.
     pub batch_events: usize,
+    /// A write round trip that takes longer fails (its streams are marked with a gap).
     pub write_timeout: Duration,
+    /// The recording instance's lease on a live stream lasts this long unless renewed
+    /// (every third of it); another instance serves a live stream only while it is held.
     pub recorder_lease_ttl: Duration,
+    /// A follower on another instance waits this long for new events per read, then
+    /// checks the recorder's lease and renews its own.
     pub read_block: Duration,
+    /// Leaders followed from Redis at once by this instance (one Redis connection each);
+    /// past it, re-streams are forwarded to the Partner.
     pub max_remote_followers: usize,
+    /// At shutdown, how long the gateway waits for the write queue to empty (so the ends
+    /// of the streams the drain closed reach Redis).
     pub flush_timeout: Duration,
 }
 

@@ -24,7 +24,7 @@ mod sections;
 use crate::identity::aic::DottedCheck;
 
 /// Settings enums the rest of the gateway names (the file's raw structs stay in `raw`).
-pub use raw::{AipVersion, LogFormat};
+pub use raw::{AipVersion, ErrorStatus, LogFormat, Scheduler, UnknownTask};
 
 /// A validated configuration.
 #[derive(Debug, Clone)]
@@ -80,43 +80,88 @@ pub struct Config {
 
 /// `[listener]`, validated. Field meanings and defaults: see [`raw::RawListener`].
 #[derive(Debug, Clone)]
-#[allow(missing_docs)]
 pub struct ListenerConfig {
+    /// Address to listen on.
     pub bind: SocketAddr,
+    /// Server certificate chain (PEM).
     pub cert: PathBuf,
+    /// Server private key (PEM).
     pub key: PathBuf,
+    /// CA bundles trusted to issue client certificates (PEM).
     pub client_ca: Vec<PathBuf>,
+    /// CRL files (PEM or DER).
     pub crl: Vec<PathBuf>,
+    /// `jsonrpc` or `strict`.
     pub client_auth: ClientAuthMode,
+    /// Accept a CRL past its nextUpdate (default false: such a CRL rejects).
     pub allow_expired_crl: bool,
+    /// Accept certificates no configured CRL covers (default false when CRLs are set).
     pub allow_unknown_revocation_status: bool,
+    /// Time for the TLS handshake to complete.
     pub handshake_timeout: Duration,
+    /// Time for a request's headers to arrive (HTTP/1.1).
     pub header_read_timeout: Duration,
+    /// Time for a whole request body to arrive.
     pub body_read_timeout: Duration,
+    /// Close a connection with no request in flight for this long.
     pub idle_timeout: Duration,
+    /// Open client connections at most. At the limit, a new connection makes the one
+    /// idle longest close (one without a verified AIC first); it waits in the accept
+    /// queue only while every connection has a request in flight.
     pub max_connections: usize,
+    /// Concurrent HTTP/2 streams per connection.
     pub http2_max_concurrent_streams: u32,
+    /// An HTTP/2 keep-alive PING (sent after `idle_timeout` of silence) must be answered
+    /// within this, or the connection is closed.
     pub http2_keepalive_timeout: Duration,
+    /// Connections from one source address still in their TLS handshake, at most; more
+    /// are closed at once (they count against `max_connections` meanwhile).
     pub max_handshakes_per_ip: usize,
+    /// Open connections from one source address, at most, for their whole life (the
+    /// handshake included); more are closed at once.
     pub max_connections_per_ip: usize,
+    /// Close a connection without a verified AIC at its handshake after this long with no
+    /// request in flight (instead of `idle_timeout`); after the answer to its refusal it
+    /// is closed, at the latest this long after.
     pub unverified_idle_timeout: Duration,
+    /// Time open requests get to finish at shutdown.
     pub drain_timeout: Duration,
+    /// The HTTP status of the gateway's JSON-RPC errors: `mapped` or `ok` (200).
     pub error_status: raw::ErrorStatus,
+    /// TLS sessions remembered for resumption (TLS 1.3 tickets naming a server-side
+    /// session); `0` turns resumption off, so every new connection is a full handshake.
     pub tls_session_cache: usize,
+    /// Certificate verdicts remembered per trust generation (by chain), so a resumed
+    /// session or a returning client is not verified again until a reload or an expiry;
+    /// `0` verifies every connection's chain.
     pub verdict_cache: usize,
 }
 
 /// `[upstream]`, validated. Field meanings and defaults: see [`raw::RawUpstream`].
 #[derive(Debug, Clone)]
-#[allow(missing_docs)]
 pub struct UpstreamConfig {
+    /// Time to open a TCP (and TLS) connection to a Partner.
     pub connect_timeout: Duration,
+    /// Time for a Partner's response headers to arrive.
     pub response_timeout: Duration,
+    /// Idle pooled connections are closed after this long.
     pub pool_idle_timeout: Duration,
+    /// Idle pooled connections kept per upstream address.
     pub pool_max_idle_per_host: usize,
+    /// A relayed Partner body (after its headers) may pause this long between frames.
     pub body_idle_timeout: Duration,
+    /// How much of a Partner answer that is not a 2xx JSON or event stream is read to
+    /// tell whether it is a JSON-RPC response (relayed unchanged) or not (answered `502`
+    /// `upstream_bad_response`); a longer one is not a JSON-RPC response.
     pub max_error_body_bytes: usize,
+    /// HTTP/2 Partners (`[[partner]] http2`): the connection's receive window, the most
+    /// its streams together may have in flight unread. It also sets how many small DATA
+    /// frames (SSE events) may wait to be read before the HTTP/2 library calls the
+    /// Partner abusive (half the window, counted per frame below 256 bytes), so it must
+    /// allow for a burst of events across every open stream.
     pub http2_connection_window: u32,
+    /// HTTP/1.1 Partners: the longest response head (status line and fields) read; a
+    /// longer one is answered `502` (`upstream_protocol`).
     pub max_response_head_bytes: usize,
 }
 

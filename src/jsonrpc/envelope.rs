@@ -502,65 +502,9 @@ fn validate_message<'a>(
     id: &'a RawValue,
     params: &mut RawParams<'a>,
 ) -> Result<Envelope<'a>, EnvelopeError> {
-    let (shape, names) =
-        match (method, params.carrier) {
-            (Method::Stream, Carrier::Command | Carrier::Both) => {
-                return Err(bad_param(
-                    "params.command",
-                    "stream carries its command in params.message, in both AIP generations",
-                ))
-            }
-            (_, Carrier::Both) => return Err(bad_param(
-                "params.command",
-                "params carries both message (AIP v01.00) and command (v02.01); send exactly one",
-            )),
-            (_, Carrier::Command) => (Shape::Command, &COMMAND_NAMES),
-            (_, Carrier::Message) => (Shape::Message, &MESSAGE_NAMES),
-            (Method::Stream, Carrier::Neither) => {
-                return Err(bad_param("params.message", "params.message is required"))
-            }
-            (_, Carrier::Neither) => {
-                return Err(bad_param(
-                    "params.message",
-                    "params.message (AIP v01.00) or params.command (v02.01) is required",
-                ))
-            }
-        };
-    let m = std::mem::take(&mut params.message);
-    let m = match m {
-        LooseObj::Obj(m) => m,
-        LooseObj::Other(kind) => {
-            return Err(bad_param(
-                names.obj,
-                format!("{} must be an object, not {}", names.obj, kind.name()),
-            ))
-        }
-        LooseObj::Absent => return Err(bad_param(names.obj, format!("{} is required", names.obj))),
-    };
-    let command = match opt_string(m.command, names.command)? {
-        None => None,
-        Some(c) => Some(
-            Command::from_name(&c)
-                .ok_or_else(|| bad_param(names.command, format!("unknown command {c:?}")))?,
-        ),
-    };
-    match (method, command) {
-        (Method::Stream, Some(Command::Start | Command::ReStream)) => {}
-        (Method::Stream, _) => {
-            return Err(bad_param(
-                names.command,
-                "stream takes only the commands start and re-stream",
-            ))
-        }
-        (Method::NotificationStart, Some(Command::Start)) => {}
-        (Method::NotificationStart, _) => {
-            return Err(bad_param(
-                names.command,
-                "notification/start takes only the command start",
-            ))
-        }
-        _ => {}
-    }
+    let (shape, names) = shape_of(method, params.carrier)?;
+    let m = message_object(std::mem::take(&mut params.message), names)?;
+    let command = command_of(method, m.command, names)?;
     let task_id = opt_string(m.task_id, names.task_id)?;
     if command == Some(Command::ReStream) && task_id.is_none() {
         return Err(bad_param(
@@ -568,33 +512,7 @@ fn validate_message<'a>(
             format!("re-stream needs {}", names.task_id),
         ));
     }
-    let last_event_seq = match m.command_params {
-        LooseObj::Absent => None,
-        LooseObj::Other(kind) => {
-            return Err(bad_param(
-                names.command_params,
-                format!(
-                    "{} must be an object, not {}",
-                    names.command_params,
-                    kind.name()
-                ),
-            ))
-        }
-        LooseObj::Obj(p) => match p.last_event_seq {
-            LooseSeq::Absent | LooseSeq::Null => None,
-            LooseSeq::Num(n) => Some(n),
-            LooseSeq::Other(kind) => {
-                return Err(bad_param(
-                    names.last_seq,
-                    format!(
-                        "{} must be a non-negative integer, not {}",
-                        names.last_seq,
-                        kind.name()
-                    ),
-                ))
-            }
-        },
-    };
+    let last_event_seq = last_event_seq_of(m.command_params, names)?;
     Ok(Envelope {
         id,
         method,
@@ -609,6 +527,98 @@ fn validate_message<'a>(
             sender_role: opt_string(m.sender_role, names.sender_role)?,
         }),
     })
+}
+
+/// Which generation's shape `params` carries (`stream` has one shape in both), and the
+/// field names its errors use.
+fn shape_of(method: Method, carrier: Carrier) -> Result<(Shape, &'static Names), EnvelopeError> {
+    match (method, carrier) {
+        (Method::Stream, Carrier::Command | Carrier::Both) => Err(bad_param(
+            "params.command",
+            "stream carries its command in params.message, in both AIP generations",
+        )),
+        (_, Carrier::Both) => Err(bad_param(
+            "params.command",
+            "params carries both message (AIP v01.00) and command (v02.01); send exactly one",
+        )),
+        (_, Carrier::Command) => Ok((Shape::Command, &COMMAND_NAMES)),
+        (_, Carrier::Message) => Ok((Shape::Message, &MESSAGE_NAMES)),
+        (Method::Stream, Carrier::Neither) => {
+            Err(bad_param("params.message", "params.message is required"))
+        }
+        (_, Carrier::Neither) => Err(bad_param(
+            "params.message",
+            "params.message (AIP v01.00) or params.command (v02.01) is required",
+        )),
+    }
+}
+
+/// The message (or command) object itself.
+fn message_object<'a>(
+    m: LooseObj<RawMessage<'a>>,
+    names: &Names,
+) -> Result<RawMessage<'a>, EnvelopeError> {
+    match m {
+        LooseObj::Obj(m) => Ok(m),
+        LooseObj::Other(kind) => Err(bad_param(
+            names.obj,
+            format!("{} must be an object, not {}", names.obj, kind.name()),
+        )),
+        LooseObj::Absent => Err(bad_param(names.obj, format!("{} is required", names.obj))),
+    }
+}
+
+/// The command, known by name and allowed in `method`.
+fn command_of(
+    method: Method,
+    command: LooseStr<'_>,
+    names: &Names,
+) -> Result<Option<Command>, EnvelopeError> {
+    let command = match opt_string(command, names.command)? {
+        None => None,
+        Some(c) => Some(
+            Command::from_name(&c)
+                .ok_or_else(|| bad_param(names.command, format!("unknown command {c:?}")))?,
+        ),
+    };
+    let refuse = |only: &'static str| Err(bad_param(names.command, only));
+    match (method, command) {
+        (Method::Stream, Some(Command::Start | Command::ReStream)) => Ok(command),
+        (Method::Stream, _) => refuse("stream takes only the commands start and re-stream"),
+        (Method::NotificationStart, Some(Command::Start)) => Ok(command),
+        (Method::NotificationStart, _) => refuse("notification/start takes only the command start"),
+        _ => Ok(command),
+    }
+}
+
+/// `commandParams.lastEventSeq`, when there is one.
+fn last_event_seq_of(
+    params: LooseObj<RawCommandParams>,
+    names: &Names,
+) -> Result<Option<u64>, EnvelopeError> {
+    let p = match params {
+        LooseObj::Absent => return Ok(None),
+        LooseObj::Obj(p) => p,
+        LooseObj::Other(kind) => {
+            let field = names.command_params;
+            return Err(bad_param(
+                field,
+                format!("{field} must be an object, not {}", kind.name()),
+            ));
+        }
+    };
+    match p.last_event_seq {
+        LooseSeq::Absent | LooseSeq::Null => Ok(None),
+        LooseSeq::Num(n) => Ok(Some(n)),
+        LooseSeq::Other(kind) => Err(bad_param(
+            names.last_seq,
+            format!(
+                "{} must be a non-negative integer, not {}",
+                names.last_seq,
+                kind.name()
+            ),
+        )),
+    }
 }
 
 fn validate_other<'a>(

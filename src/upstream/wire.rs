@@ -142,58 +142,20 @@ pub(crate) fn parse_head(
     }
     let head = buf.split_to(len).freeze();
     let mut headers = HeaderMap::with_capacity(spans.len());
-    let mut lengths: Option<u64> = None;
-    let (mut chunked, mut transfer, mut close) = (false, false, version == Version::HTTP_10);
+    let mut framing = FramingFields::new(version);
     for (n, nl, v, vl) in spans {
         let name =
             HeaderName::from_bytes(&head[n..n + nl]).map_err(|_| WireError::Head("field name"))?;
         let value = HeaderValue::from_maybe_shared(head.slice(v..v + vl))
             .map_err(|_| WireError::Head("field value"))?;
-        if name == CONTENT_LENGTH {
-            for part in value.as_bytes().split(|&b| b == b',') {
-                let n = parse_length(part)?;
-                if lengths.is_some_and(|l| l != n) {
-                    return Err(WireError::Framing("differing content-length values"));
-                }
-                lengths = Some(n);
-            }
-        } else if name == TRANSFER_ENCODING {
-            if transfer
-                || !value
-                    .as_bytes()
-                    .trim_ascii()
-                    .eq_ignore_ascii_case(b"chunked")
-            {
-                return Err(WireError::Framing("a transfer coding other than chunked"));
-            }
-            (transfer, chunked) = (true, true);
-        } else if name == CONNECTION {
-            for token in value.as_bytes().split(|&b| b == b',') {
-                let token = token.trim_ascii();
-                if token.eq_ignore_ascii_case(b"close") {
-                    close = true;
-                } else if token.eq_ignore_ascii_case(b"keep-alive") && version == Version::HTTP_10 {
-                    close = false;
-                }
-            }
-        }
+        framing.see(&name, &value)?;
         headers.append(name, value);
-    }
-    if chunked && lengths.is_some() {
-        return Err(WireError::Framing(
-            "both transfer-encoding and content-length",
-        ));
     }
     let no_body = method == Method::HEAD
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
-    let framing = match (no_body, chunked, lengths) {
-        (true, _, _) => Framing::Empty,
-        (false, true, _) => Framing::Chunked,
-        (false, false, Some(0)) => Framing::Empty,
-        (false, false, Some(n)) => Framing::Length(n),
-        (false, false, None) => Framing::Close,
-    };
+    let close = framing.close;
+    let framing = framing.framing(no_body)?;
     Ok(Parsed::Head(Head {
         status,
         version,
@@ -201,6 +163,75 @@ pub(crate) fn parse_head(
         keep_alive: !close && framing != Framing::Close,
         framing,
     }))
+}
+
+/// What a response head's fields say about its body's framing and the connection.
+struct FramingFields {
+    version: Version,
+    /// `Content-Length`, every value of it agreeing.
+    length: Option<u64>,
+    /// `Transfer-Encoding: chunked` (the only coding accepted, once).
+    chunked: bool,
+    /// `Connection: close`, or HTTP/1.0 without `keep-alive`.
+    close: bool,
+}
+
+impl FramingFields {
+    fn new(version: Version) -> FramingFields {
+        FramingFields {
+            version,
+            length: None,
+            chunked: false,
+            close: version == Version::HTTP_10,
+        }
+    }
+
+    /// Takes in one field.
+    fn see(&mut self, name: &HeaderName, value: &HeaderValue) -> Result<(), WireError> {
+        if name == CONTENT_LENGTH {
+            for part in value.as_bytes().split(|&b| b == b',') {
+                let n = parse_length(part)?;
+                if self.length.is_some_and(|l| l != n) {
+                    return Err(WireError::Framing("differing content-length values"));
+                }
+                self.length = Some(n);
+            }
+        } else if name == TRANSFER_ENCODING {
+            let value = value.as_bytes().trim_ascii();
+            if self.chunked || !value.eq_ignore_ascii_case(b"chunked") {
+                return Err(WireError::Framing("a transfer coding other than chunked"));
+            }
+            self.chunked = true;
+        } else if name == CONNECTION {
+            for token in value.as_bytes().split(|&b| b == b',') {
+                let token = token.trim_ascii();
+                if token.eq_ignore_ascii_case(b"close") {
+                    self.close = true;
+                } else if token.eq_ignore_ascii_case(b"keep-alive")
+                    && self.version == Version::HTTP_10
+                {
+                    self.close = false;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// How the body is delimited (`no_body`: a `HEAD` answer, a 204 or a 304).
+    fn framing(&self, no_body: bool) -> Result<Framing, WireError> {
+        if self.chunked && self.length.is_some() {
+            return Err(WireError::Framing(
+                "both transfer-encoding and content-length",
+            ));
+        }
+        Ok(match (no_body, self.chunked, self.length) {
+            (true, _, _) => Framing::Empty,
+            (false, true, _) => Framing::Chunked,
+            (false, false, Some(0)) => Framing::Empty,
+            (false, false, Some(n)) => Framing::Length(n),
+            (false, false, None) => Framing::Close,
+        })
+    }
 }
 
 fn parse_length(digits: &[u8]) -> Result<u64, WireError> {
@@ -383,12 +414,27 @@ impl Chunked {
         Ok(step)
     }
 
+    /// The state after byte `b` (outside a chunk's data, which is taken whole).
     fn byte(&mut self, b: u8) -> Result<ChunkState, WireError> {
         use ChunkState::*;
-        if matches!(
-            self.state,
-            Start | Size { .. } | SizeSpace { .. } | Extension { .. }
-        ) {
+        match (self.state, b) {
+            (Start | Size { .. } | SizeSpace { .. } | Extension { .. } | SizeLf { .. }, _) => {
+                self.size_line(b)
+            }
+            (DataCr, b'\r') => Ok(DataLf),
+            (DataCr, _) => Err(WireError::Chunked("chunk longer than its size")),
+            (DataLf, b'\n') => Ok(Start),
+            (DataLf, _) => Err(WireError::Chunked("a CR without LF")),
+            (Trailer { .. }, _) => self.trailer(b),
+            // Handled by the caller before a byte is read.
+            (Data { .. } | End, _) => Err(WireError::Chunked("state")),
+        }
+    }
+
+    /// A byte of a chunk-size line: hex digits, optional spaces and extension, CRLF.
+    fn size_line(&mut self, b: u8) -> Result<ChunkState, WireError> {
+        use ChunkState::*;
+        if !matches!(self.state, SizeLf { .. }) {
             self.line += 1;
             if self.line > MAX_CHUNK_LINE {
                 return Err(WireError::Chunked("chunk-size line too long"));
@@ -417,64 +463,49 @@ impl Chunked {
             (Extension { size }, b) if b == b'\t' || (b' '..0x7f).contains(&b) || b >= 0x80 => {
                 Extension { size }
             }
-            (SizeLf { size: 0 }, b'\n') => {
-                self.line = 0;
-                Trailer {
-                    at_line_start: true,
-                    cr: false,
-                }
-            }
             (SizeLf { size }, b'\n') => {
                 self.line = 0;
-                Data { left: size }
-            }
-            (DataCr, b'\r') => DataLf,
-            (DataLf, b'\n') => Start,
-            (
-                Trailer {
-                    at_line_start,
-                    cr: false,
-                },
-                b'\r',
-            ) => Trailer {
-                at_line_start,
-                cr: true,
-            },
-            (
-                Trailer {
-                    at_line_start,
-                    cr: true,
-                },
-                b'\n',
-            ) => {
-                if at_line_start {
-                    End
-                } else {
+                if size == 0 {
                     Trailer {
                         at_line_start: true,
                         cr: false,
                     }
+                } else {
+                    Data { left: size }
                 }
             }
-            (Trailer { cr: false, .. }, b) if b != b'\n' => {
+            (Extension { .. }, _) => return Err(WireError::Chunked("chunk extension")),
+            (SizeLf { .. }, _) => return Err(WireError::Chunked("a CR without LF")),
+            _ => return Err(WireError::Chunked("chunk size")),
+        };
+        Ok(next)
+    }
+
+    /// A byte of the trailer section, which ends at an empty line.
+    fn trailer(&mut self, b: u8) -> Result<ChunkState, WireError> {
+        let ChunkState::Trailer { at_line_start, cr } = self.state else {
+            return Err(WireError::Chunked("state"));
+        };
+        let line_start = |at_line_start| ChunkState::Trailer {
+            at_line_start,
+            cr: false,
+        };
+        match (cr, b) {
+            (false, b'\r') => Ok(ChunkState::Trailer {
+                at_line_start,
+                cr: true,
+            }),
+            (true, b'\n') if at_line_start => Ok(ChunkState::End),
+            (true, b'\n') => Ok(line_start(true)),
+            (false, b) if b != b'\n' => {
                 self.line += 1;
                 if self.line > MAX_TRAILERS {
                     return Err(WireError::Chunked("trailer section too long"));
                 }
-                Trailer {
-                    at_line_start: false,
-                    cr: false,
-                }
+                Ok(line_start(false))
             }
-            (Size { .. } | SizeSpace { .. }, _) => return Err(WireError::Chunked("chunk size")),
-            (Extension { .. }, _) => return Err(WireError::Chunked("chunk extension")),
-            (SizeLf { .. } | DataLf, _) => return Err(WireError::Chunked("a CR without LF")),
-            (DataCr, _) => return Err(WireError::Chunked("chunk longer than its size")),
-            (Trailer { .. }, _) => return Err(WireError::Chunked("trailer line")),
-            // Handled by the caller before a byte is read.
-            (Data { .. } | End, _) => return Err(WireError::Chunked("state")),
-        };
-        Ok(next)
+            _ => Err(WireError::Chunked("trailer line")),
+        }
     }
 }
 
