@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use super::conn::{Conn, ConnectError, Endpoint};
 use super::idle::Idle;
-use super::wire::{encode_head, parse_head, Decoder, Parsed, Step, Truncated, WireError};
+use super::wire::{encode_head, parse_head, Decoded, Decoder, Parsed, Truncated, WireError};
 use crate::timers::TimedOut;
 
 /// Request bodies up to this size are copied behind the head and written at once.
@@ -235,17 +235,17 @@ impl Body for H1Body {
                 return Poll::Ready(None);
             };
             let eof = match this.decoder.next(&mut conn.buf, false) {
-                Ok(Step::Data(data)) => {
+                Ok(Decoded::Data(data)) => {
                     if this.decoder.is_done() {
                         this.finish();
                     }
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
-                Ok(Step::End) => {
+                Ok(Decoded::End) => {
                     this.finish();
                     return Poll::Ready(None);
                 }
-                Ok(Step::NeedMore) => match ready!(conn.poll_fill(cx)) {
+                Ok(Decoded::NeedMore) => match ready!(conn.poll_fill(cx)) {
                     Ok(0) => true,
                     Ok(_) => false,
                     Err(e) => return this.fail(BodyError::Io(e)),
@@ -258,7 +258,7 @@ impl Body for H1Body {
                 let step = this.decoder.next(&mut conn.buf, true);
                 this.conn = None;
                 return match step {
-                    Ok(Step::Data(data)) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                    Ok(Decoded::Data(data)) => Poll::Ready(Some(Ok(Frame::data(data)))),
                     Ok(_) => Poll::Ready(None),
                     Err(e) => this.fail(e),
                 };

@@ -246,7 +246,7 @@ fn parse_length(digits: &[u8]) -> Result<u64, WireError> {
 
 /// One step of a body's decoding.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Step {
+pub(crate) enum Decoded {
     Data(Bytes),
     /// The buffer holds no more of the body; read on.
     NeedMore,
@@ -288,15 +288,15 @@ impl Decoder {
 
     /// The next step from `buf`; `eof` says the connection has closed (no more bytes
     /// will come), which ends a close-delimited body and breaks any other.
-    pub(crate) fn next(&mut self, buf: &mut BytesMut, eof: bool) -> Result<Step, Truncated> {
+    pub(crate) fn next(&mut self, buf: &mut BytesMut, eof: bool) -> Result<Decoded, Truncated> {
         match self {
-            Decoder::Done => Ok(Step::End),
+            Decoder::Done => Ok(Decoded::End),
             Decoder::Length(left) => {
                 if buf.is_empty() {
                     return if eof {
                         Err(Truncated::Eof)
                     } else {
-                        Ok(Step::NeedMore)
+                        Ok(Decoded::NeedMore)
                     };
                 }
                 let n = (*left).min(buf.len() as u64) as usize;
@@ -304,23 +304,23 @@ impl Decoder {
                 if *left == 0 {
                     *self = Decoder::Done;
                 }
-                Ok(Step::Data(buf.split_to(n).freeze()))
+                Ok(Decoded::Data(buf.split_to(n).freeze()))
             }
             Decoder::Close => {
                 if !buf.is_empty() {
-                    return Ok(Step::Data(buf.split().freeze()));
+                    return Ok(Decoded::Data(buf.split().freeze()));
                 }
                 if eof {
                     *self = Decoder::Done;
-                    return Ok(Step::End);
+                    return Ok(Decoded::End);
                 }
-                Ok(Step::NeedMore)
+                Ok(Decoded::NeedMore)
             }
             Decoder::Chunked(c) => {
                 let step = c.next(buf).map_err(Truncated::Invalid)?;
-                if step == Step::End {
+                if step == Decoded::End {
                     *self = Decoder::Done;
-                } else if step == Step::NeedMore && eof {
+                } else if step == Decoded::NeedMore && eof {
                     return Err(Truncated::Eof);
                 }
                 Ok(step)
@@ -380,7 +380,7 @@ enum ChunkState {
 }
 
 impl Chunked {
-    fn next(&mut self, buf: &mut BytesMut) -> Result<Step, WireError> {
+    fn next(&mut self, buf: &mut BytesMut) -> Result<Decoded, WireError> {
         let mut used = 0;
         let step = loop {
             if let ChunkState::Data { left } = self.state {
@@ -389,7 +389,7 @@ impl Chunked {
                     used = 0;
                 }
                 if buf.is_empty() {
-                    break Step::NeedMore;
+                    break Decoded::NeedMore;
                 }
                 let n = left.min(buf.len() as u64) as usize;
                 self.state = if left == n as u64 {
@@ -399,13 +399,13 @@ impl Chunked {
                         left: left - n as u64,
                     }
                 };
-                return Ok(Step::Data(buf.split_to(n).freeze()));
+                return Ok(Decoded::Data(buf.split_to(n).freeze()));
             }
             if self.state == ChunkState::End {
-                break Step::End;
+                break Decoded::End;
             }
             let Some(&b) = buf.get(used) else {
-                break Step::NeedMore;
+                break Decoded::NeedMore;
             };
             used += 1;
             self.state = self.byte(b)?;
@@ -544,9 +544,9 @@ pub fn read_in_pieces(data: &[u8], piece: usize) -> Option<(u16, Vec<u8>)> {
     let mut body = Vec::new();
     loop {
         match decoder.next(&mut buf, fed == data.len()).ok()? {
-            Step::Data(d) => body.extend_from_slice(&d),
-            Step::End => return Some((head.status.as_u16(), body)),
-            Step::NeedMore => feed(&mut buf, &mut fed),
+            Decoded::Data(d) => body.extend_from_slice(&d),
+            Decoded::End => return Some((head.status.as_u16(), body)),
+            Decoded::NeedMore => feed(&mut buf, &mut fed),
         }
     }
 }
