@@ -17,9 +17,8 @@ use crate::sse::replay::ReplayStore;
 /// The replay's `retention` of the tests' streams.
 pub(super) const RETENTION: Duration = Duration::from_secs(600);
 
-/// A cluster on `url` (never connected to unless a test calls Redis) whose write queue
-/// holds `queue` ops.
-pub(super) fn cluster(url: &str, queue: usize) -> Arc<Cluster> {
+/// Settings on `url` whose write queue holds `queue` ops.
+pub(super) fn settings(url: &str, queue: usize) -> ClusterSettings {
     let raw = RawCluster {
         mode: ClusterMode::Redis,
         redis_url: url.to_owned(),
@@ -32,9 +31,19 @@ pub(super) fn cluster(url: &str, queue: usize) -> Arc<Cluster> {
     // turn a write into a failure.
     settings.replay.write_timeout = Duration::from_secs(5);
     settings.command_timeout = Duration::from_secs(5);
-    Cluster::new(&settings, Arc::new(Metrics::new()))
+    settings
+}
+
+/// A cluster of `settings` (it connects when a test first calls Redis).
+pub(super) fn built(settings: &ClusterSettings) -> Arc<Cluster> {
+    Cluster::new(settings, Arc::new(Metrics::new()))
         .expect("cluster builds")
         .expect("redis mode")
+}
+
+/// A cluster on `url` whose write queue holds `queue` ops.
+pub(super) fn cluster(url: &str, queue: usize) -> Arc<Cluster> {
+    built(&settings(url, queue))
 }
 
 /// A cluster whose Redis is never reached (the tests without Redis).

@@ -7,7 +7,9 @@ use std::collections::HashMap;
 
 use redis::Connection;
 
-use super::super::tests::{cluster, entry, gaps, offline, recorded, stream, RedisServer};
+use super::super::tests::{
+    built, cluster, entry, gaps, offline, recorded, settings, stream, RedisServer,
+};
 use super::super::NO_SEQ;
 use super::*;
 
@@ -456,4 +458,41 @@ async fn a_renewal_renews_marks_and_notices_lost_and_replaced_copies() {
     assert!(!is_live(&c, &lost));
     assert!(copy_of(&mut conn, &lost).0.is_empty(), "not made up");
     assert_eq!(gaps(&c, "lost"), 1);
+}
+
+/// The lease loop keeps renewing: a recorder's lease deleted comes back, again and again,
+/// each time with the lease's TTL. (How often is not asserted: no timed assertions.)
+#[tokio::test]
+async fn the_lease_loop_keeps_renewing() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let mut s = settings(&server.url(), 64);
+    s.replay.recorder_lease_ttl = Duration::from_millis(300);
+    let c = built(&s);
+    let rec = stream(&c, "leased", 50);
+    write(&c, vec![open(&rec)]).await;
+    register(&c, &rec);
+    let renewer = tokio::spawn(lease_loop(c.clone()));
+    let mut conn = server.connection();
+    for round in 0..3 {
+        redis::cmd("DEL")
+            .arg(&rec.keys.recorder)
+            .query::<()>(&mut conn)
+            .expect("DEL");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while copy_of(&mut conn, &rec).2.is_none() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "round {round}: the lease was not renewed"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let left: i64 = redis::cmd("PTTL")
+            .arg(&rec.keys.recorder)
+            .query(&mut conn)
+            .expect("PTTL");
+        assert!(left > 0 && left <= 300, "round {round}: {left} ms");
+    }
+    renewer.abort();
 }
