@@ -337,3 +337,6 @@ impl MirrorStream {
         ms(self.retention + cluster.settings.replay.recorder_lease_ttl)
     }
 }
+
+#[cfg(test)]
+mod tests;

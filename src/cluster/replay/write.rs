@@ -363,3 +363,6 @@ async fn renew(cluster: &Arc<Cluster>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
