@@ -20,12 +20,12 @@ fn decode(framing: Framing, body: &[u8], piece: usize) -> (Result<Vec<u8>, Trunc
     let mut fed = 0;
     loop {
         match d.next(&mut buf, fed == body.len()) {
-            Ok(Step::Data(b)) => {
+            Ok(Decoded::Data(b)) => {
                 assert!(!b.is_empty(), "an empty data frame");
                 out.extend_from_slice(&b)
             }
-            Ok(Step::End) => return (Ok(out), buf.to_vec()),
-            Ok(Step::NeedMore) => {
+            Ok(Decoded::End) => return (Ok(out), buf.to_vec()),
+            Ok(Decoded::NeedMore) => {
                 assert!(fed < body.len(), "asked for more at the end of the input");
                 let end = (fed + piece).min(body.len());
                 buf.extend_from_slice(&body[fed..end]);
