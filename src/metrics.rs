@@ -571,7 +571,7 @@ impl Metrics {
         let mut other: Option<usize> = None;
         for (partner, n) in idle {
             let label = self.partner_label(Some(partner));
-            if &*label == OTHER {
+            if !self.partners.is_own(&label) {
                 *other.get_or_insert(0) += n;
                 continue;
             }

@@ -143,8 +143,9 @@ impl PartnerSeries {
         }
     }
 
-    /// Whether `label` is a Partner's own (its series are dropped with it).
-    fn is_own(&self, label: &Arc<str>) -> bool {
+    /// Whether `label` is a Partner's own (its series are dropped with it), not `other`
+    /// or `""`.
+    pub(crate) fn is_own(&self, label: &Arc<str>) -> bool {
         !Arc::ptr_eq(label, &self.other) && !Arc::ptr_eq(label, &self.none)
     }
 
