@@ -91,18 +91,11 @@ impl AccessLog {
     }
 }
 
-/// The Partner label of a request no Partner took (made once).
-fn no_partner() -> Arc<str> {
-    static NONE: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| "".into());
-    NONE.clone()
-}
-
 impl Drop for AccessLog {
     fn drop(&mut self) {
         let l = &self.log;
         let total = self.started.elapsed();
-        let label = l.partner.clone().unwrap_or_else(no_partner);
-        let partner: &str = &label;
+        let partner = l.partner.as_deref().unwrap_or("");
         let method = l.method.map_or("", |m| m.name());
         let aic = l.aic.as_ref().map_or("", |a| a.as_str());
         let events = l.stream.as_ref().map_or(0, |t| t.events());
@@ -134,37 +127,41 @@ impl Drop for AccessLog {
             "request"
         );
         let m = &self.metrics;
-        m.requests
-            .get_or_create(&crate::metrics::RequestLabels {
-                partner: label.clone(),
-                method,
-                status: self.status,
-                code,
-            })
-            .inc();
+        // The Partner's own series, or `other` beyond `admin.partner_metrics`.
+        let label = m.partner_label(l.partner.as_deref());
+        let request = crate::metrics::RequestLabels {
+            partner: label.clone(),
+            method,
+            status: self.status,
+            code,
+        };
+        m.partner_series(&m.requests, &label, &request, |c| {
+            c.inc();
+        });
         if let Some(e) = ending.filter(|e| e.count_upstream) {
             m.upstream_error(partner, e.reason);
         }
         if self.streamed {
             let outcome = ending.map_or(crate::outcome::CLIENT_CLOSED, |e| e.reason);
-            m.streams_ended
-                .get_or_create(&crate::metrics::StreamOutcomeLabels {
-                    partner: label.clone(),
-                    outcome,
-                })
-                .inc();
+            let ended = crate::metrics::StreamOutcomeLabels {
+                partner: label.clone(),
+                outcome,
+            };
+            m.partner_series(&m.streams_ended, &label, &ended, |c| {
+                c.inc();
+            });
         }
         let route = crate::metrics::RouteLabels {
             partner: label.clone(),
             method,
         };
-        m.request_seconds
-            .get_or_create(&route)
-            .observe(total.as_secs_f64());
+        m.partner_series(&m.request_seconds, &label, &route, |h| {
+            h.observe(total.as_secs_f64())
+        });
         if let Some(up) = l.upstream {
-            m.upstream_seconds
-                .get_or_create(&route)
-                .observe(up.as_secs_f64());
+            m.partner_series(&m.upstream_seconds, &label, &route, |h| {
+                h.observe(up.as_secs_f64())
+            });
         }
     }
 }

@@ -77,7 +77,6 @@ impl Snapshot {
             dotted: config.dotted.clone(),
         };
         let tls = tls::build_server(&config.listener, rules)?;
-        record_cert_expiry(&stores.metrics, &config);
         let mut partners = Vec::with_capacity(config.partners.len());
         for p in &config.partners {
             let pool = UpstreamPool::new(
@@ -110,9 +109,17 @@ impl Snapshot {
                 .limiter
                 .clone()
                 .reconfigured(&config.ratelimit.limiter)?,
-            None => Arc::new(GovernorLimiter::new(&config.ratelimit.limiter)?),
+            None => Arc::new(
+                GovernorLimiter::new(&config.ratelimit.limiter)?
+                    .counting_evictions(stores.metrics.ratelimit_evictions.clone()),
+            ),
         };
         stores.streams.set_max(config.ratelimit.max_streams_per_aic);
+        let names = config.partners.iter().map(|p| p.name.as_str());
+        stores
+            .metrics
+            .rebind_partners(&config.partner_metrics, names);
+        record_cert_expiry(&stores.metrics, &config);
         Ok(Snapshot {
             tls,
             router: Router::new(partners),
@@ -206,7 +213,8 @@ impl Gateway {
     }
 }
 
-/// Sets `certificate_expiry_timestamp_seconds` for every certificate the config loads.
+/// Sets `certificate_expiry_timestamp_seconds` for every certificate the config loads
+/// (a Partner's under its metrics label: see `admin.partner_metrics`).
 fn record_cert_expiry(metrics: &Metrics, config: &Config) {
     let mut files: Vec<(&'static str, String, &std::path::Path)> =
         vec![("server", "listener.cert".into(), &config.listener.cert)];
@@ -215,12 +223,14 @@ fn record_cert_expiry(metrics: &Metrics, config: &Config) {
     }
     for p in &config.partners {
         if let Some(t) = &p.tls {
-            files.push(("partner_ca", format!("partner {}", p.name), &t.ca));
+            let source = format!("partner {}", metrics.partner_label(Some(&p.name)));
+            files.push(("partner_ca", source.clone(), &t.ca));
             if let Some((cert, _)) = &t.client_cert {
-                files.push(("partner_client", format!("partner {}", p.name), cert));
+                files.push(("partner_client", source, cert));
             }
         }
     }
+    let mut loaded = Vec::new();
     for (kind, source, path) in files {
         let Ok(certs) = tls::pem::load_certs(path) else {
             continue;
@@ -228,15 +238,14 @@ fn record_cert_expiry(metrics: &Metrics, config: &Config) {
         for der in certs {
             use x509_parser::prelude::{FromDer, X509Certificate};
             if let Ok((_, cert)) = X509Certificate::from_der(&der) {
-                metrics
-                    .cert_expiry
-                    .get_or_create(&CertLabels {
-                        kind,
-                        source: source.clone(),
-                        subject: cert.subject().to_string(),
-                    })
-                    .set(cert.validity().not_after.timestamp());
+                let labels = CertLabels {
+                    kind,
+                    source: source.clone(),
+                    subject: cert.subject().to_string(),
+                };
+                loaded.push((labels, cert.validity().not_after.timestamp()));
             }
         }
     }
+    metrics.certificates(loaded);
 }

@@ -1,8 +1,16 @@
 //! Prometheus metrics (prometheus-client), served by the admin listener at `/metrics`.
 //!
 //! Counters are updated where things happen; the replay buffer's figures are read from
-//! the store when the page is scraped. Labels are bounded: Partner names come from the
-//! config, methods and reasons are fixed sets, status and code are small numbers.
+//! the store when the page is scraped. Labels are bounded: methods and reasons are fixed
+//! sets, status and code are small numbers, and Partner names are those of the Partners
+//! with series of their own (`admin.partner_metrics`; the others are counted together
+//! under `partner="other"`, see [`partners`]), whose series a reload that removes them
+//! drops.
+
+mod partners;
+
+pub use partners::PartnerMetrics;
+use partners::OTHER;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -12,7 +20,8 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use crate::sse::replay::ReplayStats;
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 
 /// Labels of a finished request.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -77,7 +86,7 @@ pub struct IdentityLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PartnerReasonLabels {
     /// Partner name.
-    pub partner: String,
+    pub partner: Arc<str>,
     /// Short reason.
     pub reason: &'static str,
 }
@@ -86,7 +95,7 @@ pub struct PartnerReasonLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct PartnerLabels {
     /// Partner name.
-    pub partner: String,
+    pub partner: Arc<str>,
 }
 
 /// A Leader's stream and how it ended.
@@ -199,6 +208,12 @@ pub struct Metrics {
     replay_streams: Gauge,
     replay_evicted_events: Gauge,
     replay_evicted_streams: Gauge,
+    /// Keys a full quota store evicted (their window had passed) to admit new AICs.
+    pub ratelimit_evictions: Counter,
+    /// Which Partners have series of their own, and the series made for them.
+    partners: partners::PartnerSeries,
+    /// The certificates of the last config loaded (their series go when they do).
+    certs: Mutex<HashSet<CertLabels>>,
 }
 
 /// Requests: counts and latencies.
@@ -280,6 +295,11 @@ fn register_identity_and_policy(r: &mut Registry, m: &Metrics) {
         "rate_limit_refusals",
         "Requests refused by quotas or concurrency limits, by reason",
         m.rate_limit_refusals.clone(),
+    );
+    r.register(
+        "ratelimit_evictions",
+        "Quota keys whose window had passed, evicted from a full store to admit a new AIC",
+        m.ratelimit_evictions.clone(),
     );
     r.register(
         "task_claims",
@@ -431,6 +451,9 @@ impl Metrics {
             replay_streams: Gauge::default(),
             replay_evicted_events: Gauge::default(),
             replay_evicted_streams: Gauge::default(),
+            ratelimit_evictions: Counter::default(),
+            partners: partners::PartnerSeries::new(),
+            certs: Mutex::new(HashSet::new()),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -451,14 +474,8 @@ impl Metrics {
         replay: ReplayStats,
         idle: impl Iterator<Item = (&'a str, usize)>,
     ) -> String {
-        for (partner, n) in idle {
-            self.upstream_idle
-                .get_or_create(&PartnerLabels {
-                    partner: partner.to_owned(),
-                })
-                .set(i64::try_from(n).unwrap_or(i64::MAX));
-        }
         let g = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.idle_connections(idle);
         self.replay_bytes.set(g(replay.bytes as u64));
         self.replay_events.set(g(replay.events as u64));
         self.replay_streams.set(g(replay.streams as u64));
@@ -505,12 +522,98 @@ impl Metrics {
 
     /// Counts a Partner failure: a refused request, a body cut short, a failed stream.
     pub fn upstream_error(&self, partner: &str, reason: &'static str) {
-        self.upstream_errors
-            .get_or_create(&PartnerReasonLabels {
-                partner: partner.to_owned(),
-                reason,
-            })
-            .inc();
+        let partner = self.partner_label(Some(partner).filter(|p| !p.is_empty()));
+        let labels = PartnerReasonLabels {
+            partner: partner.clone(),
+            reason,
+        };
+        self.partner_series(&self.upstream_errors, &partner, &labels, |c| {
+            c.inc();
+        });
+    }
+
+    /// The `partner` label of a request's series: its Partner's name when it has series
+    /// of its own, else `other`; `""` when no Partner took it.
+    pub fn partner_label(&self, partner: Option<&str>) -> Arc<str> {
+        self.partners.label(partner)
+    }
+
+    /// Runs `f` on `family`'s metric for `labels`, whose `partner` is `label` (from
+    /// [`Metrics::partner_label`]); see [`partners::PartnerSeries::with`].
+    pub fn partner_series<S, M, C>(
+        &self,
+        family: &Family<S, M, C>,
+        label: &Arc<str>,
+        labels: &S,
+        f: impl FnOnce(&M),
+    ) where
+        S: Clone + std::hash::Hash + Eq + Send + Sync + 'static,
+        M: Send + Sync + 'static,
+        C: prometheus_client::metrics::family::MetricConstructor<M> + Clone + Send + Sync + 'static,
+    {
+        self.partners.with(family, label, labels, f)
+    }
+
+    /// A config was loaded: the Partners with series of their own are chosen again by
+    /// `setting` among `names` (every Partner, in the file's order), and the series of
+    /// those that lost theirs are dropped.
+    pub fn rebind_partners<'a>(
+        &self,
+        setting: &'a PartnerMetrics,
+        names: impl Iterator<Item = &'a str>,
+    ) {
+        self.partners.rebind(setting, names);
+    }
+
+    /// Idle Partner connections: a gauge per Partner with series of its own, the others
+    /// summed under `other`.
+    fn idle_connections<'a>(&self, idle: impl Iterator<Item = (&'a str, usize)>) {
+        let mut other: Option<usize> = None;
+        for (partner, n) in idle {
+            let label = self.partner_label(Some(partner));
+            if !self.partners.is_own(&label) {
+                *other.get_or_insert(0) += n;
+                continue;
+            }
+            let labels = PartnerLabels {
+                partner: label.clone(),
+            };
+            self.partner_series(&self.upstream_idle, &label, &labels, |g| {
+                g.set(i64::try_from(n).unwrap_or(i64::MAX));
+            });
+        }
+        let labels = PartnerLabels {
+            partner: OTHER.into(),
+        };
+        match other {
+            Some(n) => {
+                let n = i64::try_from(n).unwrap_or(i64::MAX);
+                self.upstream_idle.get_or_create(&labels).set(n);
+            }
+            None => {
+                self.upstream_idle.remove(&labels);
+            }
+        }
+    }
+
+    /// `certificate_expiry_timestamp_seconds` for exactly these certificates (`notAfter`
+    /// in Unix seconds): the soonest of those under one label set (the Partners counted
+    /// together share `partner other`), and the series of certificates the config no
+    /// longer loads dropped.
+    pub fn certificates(&self, loaded: impl IntoIterator<Item = (CertLabels, i64)>) {
+        let mut soonest: std::collections::HashMap<CertLabels, i64> = Default::default();
+        for (labels, not_after) in loaded {
+            let at = soonest.entry(labels).or_insert(not_after);
+            *at = (*at).min(not_after);
+        }
+        let mut certs = self.certs.lock().unwrap_or_else(|p| p.into_inner());
+        for (labels, not_after) in &soonest {
+            self.cert_expiry.get_or_create(labels).set(*not_after);
+        }
+        for gone in certs.iter().filter(|l| !soonest.contains_key(*l)) {
+            self.cert_expiry.remove(gone);
+        }
+        *certs = soonest.into_keys().collect();
     }
 }
 
@@ -557,6 +660,29 @@ mod tests {
         }
     }
 
+    /// Certificate expiry: exactly the certificates of the last config, the soonest of
+    /// those sharing a label set (the Partners counted together under `other`).
+    #[test]
+    fn certificates_are_those_of_the_last_config() {
+        let m = Metrics::new();
+        let cert = |source: &str, subject: &str| CertLabels {
+            kind: "partner_ca",
+            source: source.into(),
+            subject: subject.into(),
+        };
+        let expiry = |l: &CertLabels| m.cert_expiry.get(l).map(|g| g.get());
+        m.certificates([
+            (cert("partner a", "CN=a"), 300),
+            (cert("partner other", "CN=ca"), 200),
+            (cert("partner other", "CN=ca"), 100),
+        ]);
+        assert_eq!(expiry(&cert("partner other", "CN=ca")), Some(100));
+        assert_eq!(expiry(&cert("partner a", "CN=a")), Some(300));
+        m.certificates([(cert("partner other", "CN=ca"), 200)]);
+        assert_eq!(expiry(&cert("partner a", "CN=a")), None, "no longer loaded");
+        assert_eq!(expiry(&cert("partner other", "CN=ca")), Some(200));
+    }
+
     /// A labelled counter and the scraped figures read back as Prometheus text.
     #[test]
     fn counters_and_figures_render() {
@@ -572,13 +698,15 @@ mod tests {
             evicted_streams: 1,
             evicted_events: 4,
         };
-        let page = m.render(replay, [("p", 3)].into_iter());
+        m.rebind_partners(&PartnerMetrics::First(1), ["p", "q", "r"].into_iter());
+        let page = m.render(replay, [("p", 3), ("q", 1), ("r", 1)].into_iter());
         for line in [
             "aipgw_task_claims_total{outcome=\"unanswered\"} 1",
             "aipgw_replay_buffer_bytes 300",
             "aipgw_replay_buffer_events 7",
             "aipgw_replay_buffer_evicted_events 4",
             "aipgw_upstream_idle_connections{partner=\"p\"} 3",
+            "aipgw_upstream_idle_connections{partner=\"other\"} 2",
         ] {
             assert!(page.lines().any(|l| l == line), "{line} in\n{page}");
         }

@@ -5,6 +5,7 @@
 
 pub use crate::allocator::{flush_thread_cache, stats as heap_stats, HeapStats};
 pub use crate::answer::{vet, AnswerLimits};
+pub use crate::metrics::{Metrics, PartnerMetrics, RequestLabels, RouteLabels};
 pub use crate::policy::tasks::{check_task, MemoryTaskOwners, TaskOwners};
 pub use crate::ratelimit::{GovernorLimiter, Limiter};
 pub use crate::relay_body::is_event_stream;

@@ -57,6 +57,8 @@ pub struct Config {
     pub ratelimit: RateLimitSettings,
     /// The admin listener's address (`None`: off).
     pub admin_bind: Option<SocketAddr>,
+    /// Which Partners have `/metrics` series of their own (checked against the Partners).
+    pub partner_metrics: raw::PartnerMetrics,
     /// Log filter.
     pub log_level: String,
     /// Log format.
@@ -334,6 +336,8 @@ impl Config {
                 .insert(partner.name.clone(), partner.rates);
             partners.push(partner);
         }
+        let names: Vec<&str> = partners.iter().map(|p| p.name.as_str()).collect();
+        raw.admin.partner_metrics.check(&names)?;
         Ok(Config {
             source: None,
             listener: ListenerConfig::try_from(raw.listener)?,
@@ -352,6 +356,7 @@ impl Config {
                         .with_context(|| format!("admin.bind: {b:?} is not an address:port"))?,
                 ),
             },
+            partner_metrics: raw.admin.partner_metrics,
             log_level: raw.log.level.clone(),
             reload_watch: raw.reload.watch,
             reload_debounce: raw.reload.debounce,

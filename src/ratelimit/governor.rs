@@ -10,6 +10,7 @@ use governor::clock::{Clock, QuantaClock, Reference};
 use governor::middleware::NoOpMiddleware;
 use governor::state::NotKeyed;
 use governor::{Quota, RateLimiter};
+use prometheus_client::metrics::counter::Counter;
 
 use super::store::{CappedStore, SingleState, SlotStore};
 use super::{Hits, Limiter, LimiterConfig, QuotaRef, Rate, Refusal, StrictCheck};
@@ -60,6 +61,10 @@ pub struct GovernorLimiter<C: Clock + Clone = QuantaClock> {
     overrides: HashMap<Aic, Arc<DirectLimit<C>>, ahash::RandomState>,
     partners: HashMap<String, PartnerLimit<C>, ahash::RandomState>,
     max_keys: usize,
+    /// The clock when the store was made: its expiry times count from then.
+    epoch: C::Instant,
+    /// Keys evicted to make room for new ones (`ratelimit_evictions_total`).
+    evictions: Counter,
 }
 
 /// The rate limiter's clock: the CPU's time-stamp counter, scaled (quanta; the monotonic
@@ -90,7 +95,8 @@ impl<C: Clock + Clone> GovernorLimiter<C> {
                 .values()
                 .filter(|p| p.per_aic.is_some())
                 .count();
-        let store = CappedStore::new(slots, cfg.counting);
+        let store = CappedStore::new(slots, cfg.counting, cfg.max_keys);
+        let epoch = clock.now();
         let mut next_slot = 0;
         let mut keyed = |r: Rate| {
             let slot = next_slot;
@@ -98,6 +104,7 @@ impl<C: Clock + Clone> GovernorLimiter<C> {
             // Read right before governor reads it for the limiter's start (nanoseconds
             // apart).
             let started = clock.now();
+            store.started(slot, started.duration_since(epoch).as_u64());
             KeyedLimit {
                 limiter: RateLimiter::new(r.quota(), store.slot(slot), clock.clone()),
                 rate: r,
@@ -141,7 +148,16 @@ impl<C: Clock + Clone> GovernorLimiter<C> {
             max_keys: cfg.max_keys,
             clock,
             store,
+            epoch,
+            evictions: Counter::default(),
         }
+    }
+
+    /// Counts evictions in `counter` (the gateway's `ratelimit_evictions_total`); a
+    /// limiter carried over from this one counts in it too.
+    pub fn counting_evictions(mut self, counter: Counter) -> Self {
+        self.evictions = counter;
+        self
     }
 
     /// A limiter for `cfg` continuing this one's state where the settings are the same:
@@ -149,7 +165,8 @@ impl<C: Clock + Clone> GovernorLimiter<C> {
     /// their per-AIC states into the new store. Requests admitted by this limiter while
     /// the copy runs (a reload's few milliseconds) may be missing from the new one.
     pub fn carried_over(&self, cfg: &LimiterConfig) -> Self {
-        let mut next = Self::with_clock(cfg, self.clock.clone());
+        let mut next =
+            Self::with_clock(cfg, self.clock.clone()).counting_evictions(self.evictions.clone());
         for (aic, limit) in next.overrides.iter_mut() {
             if let Some(old) = self.overrides.get(aic) {
                 if old.rate == limit.rate {
@@ -248,12 +265,19 @@ impl<C: Clock + Clone> GovernorLimiter<C> {
         aic: &Aic,
         reason: &'static str,
     ) -> Result<(), Refusal> {
-        // A full store takes no new key (memory stays bounded); known keys go on.
+        // A full store takes a new key only in place of one whose window has passed
+        // (memory stays bounded); known keys go on.
         if self.store.tracked() >= self.max_keys && !self.store.contains(aic) {
-            return Err(Refusal {
-                reason: "rate_limit_capacity",
-                retry_after: Duration::from_secs(1),
-            });
+            let now = self.clock.now().duration_since(self.epoch).as_u64();
+            match self.store.evict_expired(now) {
+                Ok(()) => self.evictions.inc(),
+                Err(wait) => {
+                    return Err(Refusal {
+                        reason: "rate_limit_capacity",
+                        retry_after: wait.map_or(Duration::from_secs(1), Duration::from_nanos),
+                    })
+                }
+            };
         }
         k.limiter.check_key(aic).map_err(|not_until| Refusal {
             reason,
@@ -326,9 +350,14 @@ where
             .default
             .iter()
             .chain(self.partners.values().filter_map(|p| p.per_aic.as_ref()));
+        let mut any = false;
         for k in stores {
             k.limiter.retain_recent();
             k.limiter.shrink_to_fit();
+            any = true;
+        }
+        if any {
+            self.store.requeue();
         }
     }
 
@@ -593,6 +622,134 @@ mod tests {
             l.check(&aic(99_999), None).is_ok(),
             "room again after the sweep"
         );
+    }
+
+    fn one_per_second(max_keys: usize) -> LimiterConfig {
+        LimiterConfig {
+            default: Some(Rate {
+                per_second: 1.0,
+                burst: 1,
+                strict: false,
+            }),
+            max_keys,
+            ..Default::default()
+        }
+    }
+
+    /// Issue 38, item 8: a full store refuses a new AIC while every key is live (with the
+    /// time until the first is fresh), and admits it in place of one whose window has
+    /// passed, without a sweep; the eviction is counted.
+    #[test]
+    fn a_full_store_evicts_an_expired_key_before_it_refuses() {
+        let (l, clock) = limiter(one_per_second(3));
+        let evictions = Counter::default();
+        let l = l.counting_evictions(evictions.clone());
+        for i in 0..3 {
+            assert!(l.check(&aic(i), None).is_ok());
+        }
+        let refused = l.check(&aic(3), None).unwrap_err();
+        assert_eq!(refused.reason, "rate_limit_capacity");
+        assert_eq!(refused.retry_after, Duration::from_secs(1));
+        clock.advance(Duration::from_millis(999));
+        let refused = l.check(&aic(3), None).unwrap_err();
+        assert_eq!(
+            refused.reason, "rate_limit_capacity",
+            "all three still live"
+        );
+        assert_eq!(refused.retry_after, Duration::from_millis(1));
+        assert_eq!(evictions.get(), 0);
+        clock.advance(Duration::from_millis(1));
+        assert!(
+            l.check(&aic(3), None).is_ok(),
+            "room made by an expired key"
+        );
+        assert_eq!((l.tracked(), evictions.get()), (3, 1));
+        assert!(l.check(&aic(4), None).is_ok());
+        assert_eq!((l.tracked(), evictions.get()), (3, 2));
+    }
+
+    /// Only keys whose window has passed are evicted: the oldest request is not enough
+    /// (a busy key stays), and a live key keeps its state.
+    #[test]
+    fn only_expired_keys_are_evicted() {
+        let (l, clock) = limiter(one_per_second(3));
+        let (old, busy) = (aic(1), aic(2));
+        assert!(l.check(&old, None).is_ok());
+        assert!(l.check(&busy, None).is_ok());
+        clock.advance(Duration::from_millis(900));
+        assert!(l.check(&aic(3), None).is_ok());
+        clock.advance(Duration::from_millis(100));
+        assert!(
+            l.check(&busy, None).is_ok(),
+            "busy is fresh again: one more"
+        );
+        clock.advance(Duration::from_millis(50));
+        // `old` is fresh; `busy` (queued at 1 s, now live until 2 s) and aic(3) are not.
+        assert!(l.check(&aic(4), None).is_ok(), "in place of `old`");
+        let refused = l.check(&aic(5), None).unwrap_err();
+        assert_eq!(refused.reason, "rate_limit_capacity");
+        assert_eq!(
+            refused.retry_after,
+            Duration::from_millis(850),
+            "aic(3) first"
+        );
+        assert_eq!(
+            l.check(&busy, None).unwrap_err().reason,
+            "aic_rate",
+            "busy kept its state"
+        );
+        assert_eq!(
+            l.check(&old, None).unwrap_err().reason,
+            "rate_limit_capacity",
+            "old was evicted: new again, and the store is full of live keys"
+        );
+    }
+
+    /// The expiry queue stays bounded under churn (one entry per key, give or take what
+    /// a sweep leaves), and a sweep rebuilds it to exactly the keys tracked.
+    #[test]
+    fn the_expiry_queue_stays_bounded() {
+        let (l, clock) = limiter(one_per_second(100));
+        for round in 0..50u32 {
+            for i in 0..100 {
+                assert!(l.check(&aic(round * 100 + i), None).is_ok());
+                assert!(l.check(&aic(round * 100 + i), None).is_err());
+            }
+            clock.advance(Duration::from_secs(1));
+        }
+        assert_eq!(l.tracked(), 100);
+        assert!(l.store.queued() <= 200, "{}", l.store.queued());
+        clock.advance(Duration::from_millis(10));
+        assert!(l.check(&aic(0), None).is_ok()); // evicts one
+        l.sweep();
+        assert_eq!((l.tracked(), l.store.queued()), (100, 100));
+        clock.advance(Duration::from_secs(3));
+        l.sweep();
+        assert_eq!((l.tracked(), l.store.queued()), (0, 0));
+    }
+
+    /// Cluster mode: what an evicted key admitted since the last sync is still taken by
+    /// the next one.
+    #[test]
+    fn an_evicted_keys_unsynced_count_reaches_the_sync() {
+        let (l, clock) = limiter(LimiterConfig {
+            counting: true,
+            ..one_per_second(1)
+        });
+        let (a, b) = (aic(1), aic(2));
+        assert!(l.check(&a, None).is_ok());
+        clock.advance(Duration::from_secs(1));
+        assert!(l.check(&a, None).is_ok());
+        clock.advance(Duration::from_secs(1));
+        assert!(l.check(&b, None).is_ok(), "in place of `a`");
+        let mut hits = Vec::new();
+        l.take_hits(&mut hits);
+        let count = |q: &QuotaRef| hits.iter().find(|h| h.quota == *q).map(|h| h.count);
+        assert_eq!(count(&QuotaRef::Aic(a)), Some(2));
+        assert_eq!(count(&QuotaRef::Aic(b)), Some(1));
+        let again = &mut Vec::new();
+        l.take_hits(again);
+        assert!(again.is_empty(), "taken once: {again:?}");
     }
 
     /// Hole 2: a reload keeps the state of unchanged quotas and resets changed ones.

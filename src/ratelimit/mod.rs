@@ -11,8 +11,13 @@
 //!
 //! A config reload keeps the state of every quota whose settings did not change
 //! ([`Limiter::reconfigured`]): reloading never hands a throttled caller a fresh burst.
+//!
+//! Keyed state is capped (`ratelimit.max_keys`): at the cap a new AIC takes the place of
+//! one whose window has passed ([`store`], [`expiry`]: keys ordered by expiry, no scan),
+//! and is refused only while every key is live.
 
 pub(crate) mod concurrency;
+mod expiry;
 mod governor;
 pub(crate) mod store;
 

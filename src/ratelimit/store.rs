@@ -14,13 +14,15 @@
 
 use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 use governor::nanos::Nanos;
 use governor::state::keyed::ShrinkableKeyedStateStore;
 use governor::state::StateStore;
+
+use super::expiry::Expiries;
 
 struct Inner<K: Hash + Eq> {
     // ahash: a keyed hash several times cheaper than SipHash on a 32-byte AIC, and still
@@ -31,6 +33,24 @@ struct Inner<K: Hash + Eq> {
     /// Whether each slot also counts the requests it admitted (cluster mode: the counts
     /// are taken at every sync); the counts sit after the states, at `slots + slot`.
     counting: bool,
+    /// Keys tracked at most (the limiter refuses or evicts at it); also bounds the
+    /// expiry queue and the counts kept for evicted keys.
+    cap: usize,
+    /// When each slot's limiter started, in nanoseconds after the store's epoch: a
+    /// slot's states count from its limiter's start, times here from the epoch.
+    starts: Box<[AtomicU64]>,
+    /// Every key by the time its state is fresh again (a lower bound), earliest first.
+    expiries: Mutex<Expiries<K>>,
+    /// Per slot, what evicted keys admitted since the last sync, for the next one
+    /// (counting only).
+    evicted_hits: Box<[Mutex<KeptHits<K>>]>,
+}
+
+/// Evicted keys and the requests they admitted since the last sync.
+type KeptHits<K> = Vec<(K, u64)>;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl<K: Hash + Eq> Inner<K> {
@@ -41,6 +61,44 @@ impl<K: Hash + Eq> Inner<K> {
             self.slots
         };
         (0..n).map(|_| AtomicU64::new(0)).collect()
+    }
+
+    /// When a key's state is fresh in every slot (nanoseconds after the epoch; 0: now).
+    fn fresh_at(&self, cells: &[AtomicU64]) -> u64 {
+        let at = |slot: usize| match cells[slot].load(Ordering::Acquire) {
+            0 => 0,
+            tat => self.starts[slot]
+                .load(Ordering::Relaxed)
+                .saturating_add(tat),
+        };
+        (0..self.slots).map(at).max().unwrap_or(0)
+    }
+
+    /// Queues a key just inserted (its entry's lock released: the queue's lock is
+    /// taken before a shard's, never after).
+    fn queue(&self, at: u64, key: K)
+    where
+        K: Clone,
+    {
+        let mut q = lock(&self.expiries);
+        q.push(at, key);
+        // Entries of keys swept meanwhile wait for the sweep's rebuild; should races
+        // leave many, they go now.
+        if q.len() > 2 * self.cap.max(self.len.load(Ordering::Acquire)) {
+            self.requeue_all(&mut q);
+        }
+    }
+
+    /// Every tracked key queued once, at its time.
+    fn requeue_all(&self, q: &mut Expiries<K>)
+    where
+        K: Clone,
+    {
+        q.rebuild(
+            self.map
+                .iter()
+                .map(|item| (self.fresh_at(item.value()), item.key().clone())),
+        );
     }
 }
 
@@ -54,15 +112,89 @@ impl<K: Hash + Eq> Clone for CappedStore<K> {
 }
 
 impl<K: Hash + Eq + Clone> CappedStore<K> {
-    /// An empty store with `slots` states per key, counting admitted requests when
-    /// `counting`.
-    pub(crate) fn new(slots: usize, counting: bool) -> Self {
+    /// An empty store for `cap` keys with `slots` states each, counting admitted
+    /// requests when `counting`.
+    pub(crate) fn new(slots: usize, counting: bool, cap: usize) -> Self {
+        let slots = slots.max(1);
         CappedStore(Arc::new(Inner {
             map: DashMap::with_hasher(ahash::RandomState::new()),
             len: AtomicUsize::new(0),
-            slots: slots.max(1),
+            slots,
             counting,
+            cap,
+            starts: (0..slots).map(|_| AtomicU64::new(0)).collect(),
+            expiries: Mutex::new(Expiries::new()),
+            evicted_hits: (0..slots).map(|_| Mutex::new(Vec::new())).collect(),
         }))
+    }
+
+    /// Records when slot `slot`'s limiter started, `nanos` after the store's epoch (the
+    /// time [`CappedStore::evict_expired`] is given counts from it).
+    pub(crate) fn started(&self, slot: usize, nanos: u64) {
+        self.0.starts[slot].store(nanos, Ordering::Relaxed);
+    }
+
+    /// Makes room for one key at a full store: evicts a key whose state is fresh in
+    /// every slot at `now` (nanoseconds after the epoch), its unsynced counts kept for
+    /// the next sync. `Err` when every key is live, with how long until the first is
+    /// fresh (`None`: not known). Amortized: see [`super::expiry`].
+    pub(crate) fn evict_expired(&self, now: u64) -> Result<(), Option<u64>> {
+        let inner = &self.0;
+        let mut q = lock(&inner.expiries);
+        loop {
+            match q.earliest() {
+                None => return Err(None),
+                Some(at) if at > now => return Err(Some(at - now)),
+                Some(_) => {}
+            }
+            let Some(key) = q.pop() else {
+                return Err(None);
+            };
+            let evicted = inner
+                .map
+                .remove_if(&key, |_, cells| inner.fresh_at(cells) <= now);
+            if let Some((key, cells)) = evicted {
+                inner.len.fetch_sub(1, Ordering::AcqRel);
+                drop(q);
+                self.keep_hits(&key, &cells);
+                return Ok(());
+            }
+            // Live (its state moved on since it was queued): queued again at its time.
+            // Gone (swept): its entry is dropped.
+            let at = inner.map.get(&key).map(|cells| inner.fresh_at(&cells));
+            if let Some(at) = at {
+                q.push(at.max(now + 1), key);
+            }
+        }
+    }
+
+    /// An evicted key's counts not yet synced, kept for the next sync (up to `cap`
+    /// per slot; beyond, they are dropped as a failed sync drops them).
+    fn keep_hits(&self, key: &K, cells: &[AtomicU64]) {
+        let inner = &self.0;
+        if !inner.counting {
+            return;
+        }
+        for (slot, kept) in inner.evicted_hits.iter().enumerate() {
+            let n = cells[inner.slots + slot].load(Ordering::Acquire);
+            let mut kept = lock(kept);
+            if n > 0 && kept.len() < inner.cap {
+                kept.push((key.clone(), n));
+            }
+        }
+    }
+
+    /// Entries in the expiry queue (one per key after a sweep).
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> usize {
+        lock(&self.0.expiries).len()
+    }
+
+    /// Rebuilds the expiry queue from the keys tracked (after a sweep, which dropped
+    /// keys and reset states the queue still has).
+    pub(crate) fn requeue(&self) {
+        let inner = &self.0;
+        inner.requeue_all(&mut lock(&inner.expiries));
     }
 
     /// Takes the admitted-request counts of slot `slot`: `f(key, count)` for each key that
@@ -77,6 +209,10 @@ impl<K: Hash + Eq + Clone> CappedStore<K> {
             if n > 0 {
                 f(item.key(), n);
             }
+        }
+        let evicted = std::mem::take(&mut *lock(&inner.evicted_hits[slot]));
+        for (key, n) in &evicted {
+            f(key, *n);
         }
     }
 
@@ -122,8 +258,10 @@ impl<K: Hash + Eq + Clone> CappedStore<K> {
                 Entry::Vacant(v) => {
                     let cells = inner.fresh_cells();
                     cells[to_slot].store(moved, Ordering::Release);
-                    v.insert(cells);
+                    let at = inner.fresh_at(&cells);
+                    drop(v.insert(cells));
                     inner.len.fetch_add(1, Ordering::AcqRel);
+                    inner.queue(at, item.key().clone());
                 }
             }
         }
@@ -233,8 +371,10 @@ impl<K: Hash + Eq + Clone> StateStore for SlotStore<K> {
                     if inner.counting {
                         cells[inner.slots + self.slot].store(1, Ordering::Release);
                     }
-                    v.insert(cells);
+                    let at = inner.fresh_at(&cells);
+                    drop(v.insert(cells));
                     inner.len.fetch_add(1, Ordering::AcqRel);
+                    inner.queue(at, key.clone());
                     return Ok(t);
                 }
                 Entry::Occupied(_) => continue, // raced with another insert: measure again

@@ -19,6 +19,7 @@ pub use cluster::{RawCluster, RawClusterRateLimit, RawClusterReplay};
 // Settings enums that belong to the modules acting on them; the file reads them here.
 pub use crate::cluster::{ClusterMode, OnClusterError};
 pub use crate::error::ErrorStatus;
+pub use crate::metrics::PartnerMetrics;
 pub use crate::policy::tasks::UnknownTask;
 pub use crate::sse::relay::OnUpstreamFailure;
 
@@ -546,7 +547,8 @@ pub struct RawRateLimit {
     /// Cluster mode: the default per-AIC quota is checked in Redis on every request
     /// (exact across instances, one round trip each) instead of reconciled in batches.
     pub strict: bool,
-    /// AICs tracked per keyed quota at most; new AICs are refused while full.
+    /// AICs tracked per keyed quota at most; at the cap a new AIC takes the place of one
+    /// whose window has passed, and is refused only while every tracked AIC is live.
     pub max_keys: usize,
     /// How often keys back to a fresh state are swept.
     #[serde(with = "humantime_serde")]
@@ -615,12 +617,18 @@ pub struct RawPartnerTls {
 pub struct RawAdmin {
     /// Plain-HTTP address of `/healthz`, `/readyz`, `/metrics`; `""` turns it off.
     pub bind: String,
+    /// Which Partners get `/metrics` series of their own: `"all"`, `"none"`, the first N
+    /// in the file's order (a number), or a list of names; the others are counted
+    /// together under `partner="other"`. Default: the first 50, which keeps the page of
+    /// 10,000 Partners that all took traffic within 2 MB (README: "Large fleets").
+    pub partner_metrics: PartnerMetrics,
 }
 
 impl Default for RawAdmin {
     fn default() -> Self {
         RawAdmin {
             bind: "127.0.0.1:9901".to_owned(),
+            partner_metrics: PartnerMetrics::First(50),
         }
     }
 }
