@@ -29,7 +29,7 @@ impl<B> Check<B, Admitted> for QuotaStep {
                 OnClusterError::Local => limiter.check(&caller.aic, partner),
                 OnClusterError::Open => Ok(()),
                 OnClusterError::Closed if limiter.applies(&caller.aic, partner) => {
-                    Err(crate::ratelimit::Refusal {
+                    Err(crate::ratelimit::Throttled {
                         reason: "cluster_unavailable",
                         retry_after: c.settings().sync_interval,
                     })

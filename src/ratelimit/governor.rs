@@ -13,7 +13,7 @@ use governor::{Quota, RateLimiter};
 use prometheus_client::metrics::counter::Counter;
 
 use super::store::{CappedStore, SingleState, SlotStore};
-use super::{Hits, Limiter, LimiterConfig, QuotaRef, Rate, Refusal, StrictCheck};
+use super::{Hits, Limiter, LimiterConfig, QuotaRef, Rate, StrictCheck, Throttled};
 use crate::identity::Aic;
 
 impl Rate {
@@ -199,8 +199,8 @@ impl<C: Clock + Clone> GovernorLimiter<C> {
     fn refused(
         &self,
         reason: &'static str,
-    ) -> impl Fn(governor::NotUntil<C::Instant>) -> Refusal + '_ {
-        move |n| Refusal {
+    ) -> impl Fn(governor::NotUntil<C::Instant>) -> Throttled + '_ {
+        move |n| Throttled {
             reason,
             retry_after: n.wait_time_from(self.clock.now()),
         }
@@ -213,7 +213,7 @@ impl<C: Clock + Clone> GovernorLimiter<C> {
         aic: &Aic,
         partner: Option<&str>,
         mut strict: Option<&mut Vec<StrictCheck>>,
-    ) -> Result<(), Refusal> {
+    ) -> Result<(), Throttled> {
         let mut shared = |quota: &dyn Fn() -> QuotaRef, rate: Rate, reason| match &mut strict {
             Some(out) if rate.strict => {
                 out.push(StrictCheck {
@@ -264,7 +264,7 @@ impl<C: Clock + Clone> GovernorLimiter<C> {
         k: &KeyedLimit<C>,
         aic: &Aic,
         reason: &'static str,
-    ) -> Result<(), Refusal> {
+    ) -> Result<(), Throttled> {
         // A full store takes a new key only in place of one whose window has passed
         // (memory stays bounded); known keys go on.
         if self.store.tracked() >= self.max_keys && !self.store.contains(aic) {
@@ -272,14 +272,14 @@ impl<C: Clock + Clone> GovernorLimiter<C> {
             match self.store.evict_expired(now) {
                 Ok(()) => self.evictions.inc(),
                 Err(wait) => {
-                    return Err(Refusal {
+                    return Err(Throttled {
                         reason: "rate_limit_capacity",
                         retry_after: wait.map_or(Duration::from_secs(1), Duration::from_nanos),
                     })
                 }
             };
         }
-        k.limiter.check_key(aic).map_err(|not_until| Refusal {
+        k.limiter.check_key(aic).map_err(|not_until| Throttled {
             reason,
             retry_after: not_until.wait_time_from(self.clock.now()),
         })
@@ -300,7 +300,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Limiter for GovernorLimiter<C>
 where
     C::Instant: Send + Sync,
 {
-    fn check(&self, aic: &Aic, partner: Option<&str>) -> Result<(), Refusal> {
+    fn check(&self, aic: &Aic, partner: Option<&str>) -> Result<(), Throttled> {
         self.check_all(aic, partner, None)
     }
 
@@ -309,11 +309,11 @@ where
         aic: &Aic,
         partner: Option<&str>,
         strict: &mut Vec<StrictCheck>,
-    ) -> Result<(), Refusal> {
+    ) -> Result<(), Throttled> {
         self.check_all(aic, partner, Some(strict))
     }
 
-    fn check_one(&self, quota: &QuotaRef) -> Result<(), Refusal> {
+    fn check_one(&self, quota: &QuotaRef) -> Result<(), Throttled> {
         match quota {
             QuotaRef::Aic(aic) => match self.overrides.get(aic) {
                 Some(own) => own.limiter.check().map_err(self.refused("aic_rate")),

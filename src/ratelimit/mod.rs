@@ -39,9 +39,9 @@ pub struct Rate {
     pub strict: bool,
 }
 
-/// Why a request was refused.
+/// Why a quota refused a request (and when to try again).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Refusal {
+pub struct Throttled {
     /// Short reason (`error.data.reason`).
     pub reason: &'static str,
     /// When to try again.
@@ -51,7 +51,7 @@ pub struct Refusal {
 /// The quota checks.
 pub trait Limiter: Send + Sync {
     /// Spends one request of `aic`'s quotas (and, when known, the Partner's).
-    fn check(&self, aic: &Aic, partner: Option<&str>) -> Result<(), Refusal>;
+    fn check(&self, aic: &Aic, partner: Option<&str>) -> Result<(), Throttled>;
     /// [`Limiter::check`] in cluster mode with Redis up: quotas marked `strict` are not
     /// checked here but appended to `strict`, for one shared check in Redis.
     fn check_sharing(
@@ -59,10 +59,10 @@ pub trait Limiter: Send + Sync {
         aic: &Aic,
         partner: Option<&str>,
         strict: &mut Vec<StrictCheck>,
-    ) -> Result<(), Refusal>;
+    ) -> Result<(), Throttled>;
     /// Spends one request of one quota state here (a strict quota while Redis cannot
     /// answer, with `cluster.on_error = "local"`).
-    fn check_one(&self, quota: &QuotaRef) -> Result<(), Refusal>;
+    fn check_one(&self, quota: &QuotaRef) -> Result<(), Throttled>;
     /// Whether any quota applies to `aic` (at `partner`).
     fn applies(&self, aic: &Aic, partner: Option<&str>) -> bool;
     /// Forgets keys whose state is back to fresh.
