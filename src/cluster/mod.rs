@@ -252,6 +252,12 @@ impl Cluster {
         format!("{}:{:08x}:{n}", self.settings.instance_id, self.nonce)
     }
 
+    /// Whether a script call or a pipeline must keep to one hash tag (a Redis Cluster
+    /// refuses keys of several slots in one).
+    pub(crate) fn per_slot(&self) -> bool {
+        self.settings.topology == Topology::Cluster
+    }
+
     /// The settings it was built from.
     pub fn settings(&self) -> &ClusterSettings {
         &self.settings
