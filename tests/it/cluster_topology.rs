@@ -4,8 +4,6 @@
 //! directory; every wait polls with a deadline. Without `redis-server`/`redis-cli` the
 //! tests skip, except under `CI=true`, where a missing binary fails them.
 
-#![expect(dead_code, reason = "used by the tests of the topologies that follow")]
-
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -257,50 +255,6 @@ impl RedisCluster {
             cmd.arg(*a);
         }
         cmd.query(&mut c).unwrap()
-    }
-
-    /// The index of the node that is master for `key`'s slot now.
-    pub fn master_of(&self, key: &str) -> usize {
-        let redis::Value::Int(slot) = self.cmd(&["CLUSTER", "KEYSLOT", key]) else {
-            panic!("CLUSTER KEYSLOT");
-        };
-        let slots: Vec<redis::Value> =
-            redis::from_redis_value(self.cmd(&["CLUSTER", "SLOTS"])).unwrap();
-        for range in slots {
-            let redis::Value::Array(r) = range else {
-                continue;
-            };
-            let (Some(redis::Value::Int(lo)), Some(redis::Value::Int(hi))) = (r.first(), r.get(1))
-            else {
-                continue;
-            };
-            if (*lo..=*hi).contains(&slot) {
-                let redis::Value::Array(master) = &r[2] else {
-                    panic!("CLUSTER SLOTS master");
-                };
-                let redis::Value::Int(port) = master[1] else {
-                    panic!("CLUSTER SLOTS port");
-                };
-                return self
-                    .nodes
-                    .iter()
-                    .position(|n| i64::from(n.port) == port)
-                    .expect("a node of ours");
-            }
-        }
-        panic!("no master for slot {slot}");
-    }
-
-    /// How many keys each live master holds (`DBSIZE`).
-    pub fn keys_per_master(&self) -> Vec<i64> {
-        self.nodes
-            .iter()
-            .filter(|n| n.child.is_some() && n.info("replication").contains("role:master"))
-            .map(|n| match n.cmd(&["DBSIZE"]) {
-                Ok(redis::Value::Int(k)) => k,
-                _ => 0,
-            })
-            .collect()
     }
 }
 

@@ -161,3 +161,79 @@ async fn check_says_when_the_store_cannot_be_asked() {
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("redis: not reachable"), "{out}");
 }
+
+impl crate::cluster::Store for Sentinels {
+    fn lines(&self) -> String {
+        self.config_lines()
+    }
+    fn cmd(&self, args: &[&str]) -> redis::Value {
+        Sentinels::cmd(self, args)
+    }
+    fn quota_key(&self, rest: &str) -> Option<String> {
+        let key = format!("aipgw:{{aipgw:rl}}:{rest}");
+        (self.cmd(&["EXISTS", &key]) == redis::Value::Int(1)).then_some(key)
+    }
+}
+
+/// Issue 30, item 2: a master with a replica under three Sentinels; the master killed.
+/// The instances follow the promotion: requests are answered throughout (no 5xx), shared
+/// state is back on (`aipgw_cluster_redis_up` 1 again), and a task started through A
+/// before the failover is still refused to another AIC through B after it.
+#[tokio::test]
+async fn sentinel_promotion_is_followed() {
+    let Some(mut store) = Sentinels::start(1) else {
+        return;
+    };
+    let pki = Pki::new();
+    let partner = TestPartner::start(Behaviour::Echo).await;
+    let (a, b) = crate::cluster::pair(&pki, &store, crate::cluster::FAST, "", &partner.url()).await;
+    let (la, lb) = (pki.leader(LEADER_A, false), pki.leader(LEADER_B, false));
+    let r = la
+        .post(a.addr, "/p/rpc", &rpc_start("1", LEADER_A, "t1"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let owner_key = "aipgw:{aipgw:task:1:p:2:t1}:owner";
+    let owner = redis::Value::BulkString(LEADER_A.as_bytes().to_vec());
+    // On the replica too before the master goes.
+    poll("the owner replicated", Duration::from_secs(5), || {
+        (store.data[1].cmd(&["GET", owner_key]).ok()? == owner).then_some(())
+    });
+    let old = store.master();
+    store.data[old].kill();
+    let started = tokio::time::Instant::now();
+    let mut i = 0;
+    loop {
+        let r = la
+            .post(
+                [a.addr, b.addr][i % 2],
+                "/p/rpc",
+                &rpc_start(&i.to_string(), LEADER_A, "t2"),
+            )
+            .await
+            .unwrap();
+        assert!(r.status.as_u16() < 500, "{}: {}", r.status, r.text());
+        i += 1;
+        let promoted = store.master() != old;
+        let up = metric(&b, "aipgw_cluster_redis_up").await == Some(1.0)
+            && metric(&a, "aipgw_cluster_redis_up").await == Some(1.0);
+        if promoted && up {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no promotion followed (promoted: {promoted})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "promotion followed {:?} after the master was killed, {i} requests answered meanwhile",
+        started.elapsed()
+    );
+    let r = lb
+        .post(b.addr, "/p/rpc", &rpc_start("2", LEADER_B, "t1"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(r.error(), (-32009, "not_task_owner".into()));
+}
