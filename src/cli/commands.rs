@@ -148,6 +148,7 @@ async fn dispatch(
             });
             crate::fdlimit::ensure(&cfg).map_err(failed)?;
             let gateway = crate::Gateway::new(cfg).map_err(usage)?;
+            shared_store(&gateway, false).await.map_err(usage)?;
             let listener = TcpListener::bind(bind)
                 .await
                 .map_err(|e| failed(anyhow::anyhow!("cannot bind {bind}: {e}")))?;
@@ -180,7 +181,8 @@ async fn dispatch(
         }
         Command::Check { config } => {
             let cfg = Config::load(&config).map_err(failed)?;
-            crate::Gateway::new(cfg).map_err(failed)?;
+            let gateway = crate::Gateway::new(cfg).map_err(failed)?;
+            shared_store(&gateway, true).await.map_err(failed)?;
             println!("{}: ok", config.display());
             Ok(())
         }
@@ -226,6 +228,29 @@ async fn dispatch(
             Ok(())
         }
     }
+}
+
+/// In cluster mode, asks the shared store what it is (within `cluster.connect_timeout`):
+/// one that does not fit `cluster.topology` (a Redis Cluster node or a replica named as
+/// the single master, ...) is refused, with what to configure; one that cannot be reached
+/// is reported and the gateway starts anyway (it follows `cluster.on_error` until the
+/// store answers, and asks again then). `check` prints what it found.
+async fn shared_store(gateway: &crate::Gateway, print: bool) -> anyhow::Result<()> {
+    let Some(cluster) = gateway.snapshot().cluster.clone() else {
+        return Ok(());
+    };
+    let fail = |msg: String| anyhow::anyhow!("cluster.topology: {msg}");
+    match cluster.check_topology().await.map_err(fail)? {
+        crate::cluster::Reached::Fits(what) if print => println!("redis: {what}"),
+        crate::cluster::Reached::Fits(what) => tracing::info!(%what, "redis reached"),
+        crate::cluster::Reached::Unreachable(e) if print => {
+            println!("redis: not reachable ({e}): what it is was not checked")
+        }
+        crate::cluster::Reached::Unreachable(e) => {
+            tracing::warn!(error = %e, "redis not reachable at start: what it is is checked once it answers")
+        }
+    }
+    Ok(())
 }
 
 /// Completes on Ctrl-C or SIGTERM.

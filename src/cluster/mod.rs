@@ -20,20 +20,25 @@
 //! Partner and copies being written get a gap. Nothing on the request path waits past the
 //! timeout and nothing answers 5xx because of Redis.
 
+mod conn;
 pub(crate) mod ratelimit;
 pub(crate) mod replay;
 pub(crate) mod restream;
 pub(crate) mod streams;
 pub(crate) mod tasks;
+pub mod topology;
 
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::Context;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::time::Instant;
+
+pub(crate) use conn::Conn;
+use conn::Link;
+pub use topology::Topology;
 
 use crate::metrics::Metrics;
 
@@ -76,9 +81,19 @@ pub struct RedisTls {
 pub struct ClusterSettings {
     /// `local` (one instance, state in memory) or `redis` (shared through Redis).
     pub mode: ClusterMode,
+    /// What `redis_url` and `redis_urls` name: one master, Redis Cluster seed nodes, or
+    /// Sentinels.
+    pub topology: Topology,
     /// `redis://host:port[/db]`, or `rediss://` for TLS (with `tls_ca`, and `tls_cert` +
     /// `tls_key` for a client certificate).
     pub redis_url: String,
+    /// More seed nodes (`cluster`) or Sentinels (`sentinel`), beside `redis_url`.
+    pub redis_urls: Vec<String>,
+    /// The master's name under Sentinel (`sentinel`).
+    pub sentinel_master: String,
+    /// Hash tags quota keys are spread over on a Redis Cluster (one script call per tag
+    /// per sync).
+    pub quota_shards: usize,
     /// TLS to Redis (`rediss://`): `tls_ca`, and `tls_cert` + `tls_key` for a client
     /// certificate.
     pub tls: RedisTls,
@@ -151,14 +166,34 @@ pub(crate) enum ClusterError {
     /// Redis or the connection said no.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+    /// The server is not what `cluster.topology` expects (see [`topology`]).
+    #[error("{0}")]
+    Topology(String),
+}
+
+/// What this instance knows of the server it talks to (`Cluster::fit`).
+const UNKNOWN: u8 = 0;
+const FITS: u8 = 1;
+const MISFIT: u8 = 2;
+
+/// What [`Cluster::check_topology`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reached {
+    /// The store answered and is what `cluster.topology` says (its description).
+    Fits(String),
+    /// It could not be asked (the gateway starts anyway and follows `on_error`).
+    Unreachable(String),
 }
 
 /// The connection to Redis and what this instance knows of its health.
 pub struct Cluster {
     settings: ClusterSettings,
-    client: redis::Client,
-    conn: tokio::sync::OnceCell<ConnectionManager>,
+    link: Arc<Link>,
     up: AtomicBool,
+    /// Whether the server was asked what it is since the last (re)connection, and fits.
+    fit: AtomicU8,
+    /// When a misfit server was last asked again, and what it was found to be.
+    misfit: Mutex<Option<(Instant, String)>>,
     metrics: Arc<Metrics>,
     leases: streams::Leases,
     mirror: replay::Mirror,
@@ -189,13 +224,14 @@ impl Cluster {
         if settings.mode == ClusterMode::Local {
             return Ok(None);
         }
-        let client = client(settings)?;
+        let link = Arc::new(Link::new(settings)?);
         metrics.cluster_redis_up.set(0);
         Ok(Some(Arc::new(Cluster {
             settings: settings.clone(),
-            client,
-            conn: tokio::sync::OnceCell::new(),
+            link,
             up: AtomicBool::new(false),
+            fit: AtomicU8::new(UNKNOWN),
+            misfit: Mutex::new(None),
             metrics,
             leases: streams::Leases::default(),
             mirror: replay::Mirror::new(settings.replay.queue_events),
@@ -214,6 +250,12 @@ impl Cluster {
     /// lease stand for another's (one stream counted for two) or its release end another's.
     pub(crate) fn holder(&self, n: impl std::fmt::Display) -> String {
         format!("{}:{:08x}:{n}", self.settings.instance_id, self.nonce)
+    }
+
+    /// Whether a script call or a pipeline must keep to one hash tag (a Redis Cluster
+    /// refuses keys of several slots in one).
+    pub(crate) fn per_slot(&self) -> bool {
+        self.settings.topology == Topology::Cluster
     }
 
     /// The settings it was built from.
@@ -250,7 +292,7 @@ impl Cluster {
     /// flag.
     pub(crate) async fn call<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T, ClusterError>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = Result<T, redis::RedisError>>,
     {
         self.call_within(op, self.settings.command_timeout, f).await
@@ -264,39 +306,16 @@ impl Cluster {
         f: F,
     ) -> Result<T, ClusterError>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = Result<T, redis::RedisError>>,
     {
         let run = async {
-            let conn = self
-                .conn
-                .get_or_try_init(|| async {
-                    let reconnect_delay =
-                        (self.settings.sync_interval / 2).max(Duration::from_millis(5));
-                    let cfg = ConnectionManagerConfig::new()
-                        .set_connection_timeout(Some(self.settings.connect_timeout))
-                        .set_response_timeout(Some(
-                            self.settings
-                                .replay
-                                .write_timeout
-                                .max(self.settings.command_timeout),
-                        ))
-                        // Reconnect attempts at most half a sync interval apart (jitter
-                        // adds up to as much again), so an instance is back within about
-                        // two intervals of Redis answering, however long it was away (a
-                        // fixed 2 s cap let a long outage add up to 2 s to the return).
-                        .set_min_delay(reconnect_delay.min(Duration::from_millis(100)))
-                        .set_max_delay(reconnect_delay)
-                        .set_number_of_retries(usize::MAX);
-                    ConnectionManager::new_lazy_with_config(self.client.clone(), cfg)
-                })
-                .await?
-                .clone();
-            f(conn).await
+            let mut conn = self.link.get().await?;
+            self.verify(&mut conn).await?;
+            Ok::<T, ClusterError>(f(conn).await?)
         };
         let result = match tokio::time::timeout(timeout, run).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(ClusterError::Redis(e)),
+            Ok(r) => r,
             Err(_) => Err(ClusterError::Timeout(timeout)),
         };
         match &result {
@@ -307,9 +326,92 @@ impl Cluster {
                 // A script error is Redis answering: it is up, the call failed.
                 let answered = matches!(e, ClusterError::Redis(r) if r.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError));
                 self.set_up(answered);
+                if !answered {
+                    self.lost(e);
+                }
             }
         }
         result
+    }
+
+    /// After a failure other than a script's: the server is asked again what it is once
+    /// reconnected, and a Sentinel's master is looked up again.
+    fn lost(&self, e: &ClusterError) {
+        match e {
+            ClusterError::Topology(_) => {}
+            ClusterError::Redis(r) => {
+                self.link.failed(Some(r));
+                let _ =
+                    self.fit
+                        .compare_exchange(FITS, UNKNOWN, Ordering::AcqRel, Ordering::Acquire);
+            }
+            ClusterError::Timeout(_) => {
+                self.link.failed(None);
+                let _ =
+                    self.fit
+                        .compare_exchange(FITS, UNKNOWN, Ordering::AcqRel, Ordering::Acquire);
+            }
+        }
+    }
+
+    /// Asks the server what it is unless it was found fitting since the last failure; a
+    /// misfit is asked again at most once per `sync_interval` (other calls fail at once).
+    async fn verify(&self, conn: &mut Conn) -> Result<(), ClusterError> {
+        match self.fit.load(Ordering::Acquire) {
+            FITS => return Ok(()),
+            MISFIT => {
+                if let Some((at, msg)) = lock(&self.misfit).as_ref() {
+                    if at.elapsed() < self.settings.sync_interval {
+                        return Err(ClusterError::Topology(msg.clone()));
+                    }
+                }
+            }
+            _ => {}
+        }
+        let info = topology::ask(conn).await?;
+        match info.misfit(self.settings.topology, &self.link.describe()) {
+            None => {
+                if self.fit.swap(FITS, Ordering::AcqRel) == MISFIT {
+                    tracing::info!(url = %self.link.describe(), "redis is now what cluster.topology says");
+                }
+                Ok(())
+            }
+            Some(msg) => {
+                if self.fit.swap(MISFIT, Ordering::AcqRel) != MISFIT {
+                    tracing::error!("shared state off: {msg}");
+                }
+                self.count_error("topology");
+                *lock(&self.misfit) = Some((Instant::now(), msg.clone()));
+                self.link.failed(None);
+                Err(ClusterError::Topology(msg))
+            }
+        }
+    }
+
+    /// Asks the store what it is, within `connect_timeout`: at start (`aipgw run` refuses
+    /// a misfit, `aipgw check` reports it). `Err`: the misfit, with what to configure.
+    pub async fn check_topology(&self) -> Result<Reached, String> {
+        let within = self
+            .settings
+            .connect_timeout
+            .max(self.settings.command_timeout);
+        match self
+            .call_within("ping", within, |mut c| async move {
+                redis::cmd("PING").query_async::<()>(&mut c).await
+            })
+            .await
+        {
+            Ok(()) => Ok(Reached::Fits(format!(
+                "{} ({})",
+                self.link.describe(),
+                self.settings.topology.name()
+            ))),
+            Err(ClusterError::Topology(msg)) => Err(msg),
+            Err(e) => match topology::diagnose(&self.settings, within).await {
+                Some(msg) => Err(msg),
+                None => Ok(Reached::Unreachable(e.to_string())),
+            },
+        }
     }
 
     /// Counts a failed Redis operation in `aipgw_redis_errors_total{op}`.
@@ -339,36 +441,4 @@ pub(crate) fn ms(d: Duration) -> u64 {
 /// guards stay consistent between operations.
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn client(settings: &ClusterSettings) -> anyhow::Result<redis::Client> {
-    let url = settings.redis_url.as_str();
-    if !url.starts_with("rediss://") {
-        return redis::Client::open(url)
-            .with_context(|| format!("cluster.redis_url: {url:?} is not a Redis URL"));
-    }
-    let read = |p: &PathBuf, key: &str| {
-        std::fs::read(p).with_context(|| format!("cluster.{key}: cannot read {}", p.display()))
-    };
-    let client_tls = match &settings.tls.client {
-        Some((cert, key)) => Some(redis::ClientTlsConfig {
-            client_cert: read(cert, "tls_cert")?,
-            client_key: read(key, "tls_key")?,
-        }),
-        None => None,
-    };
-    let root_cert = settings
-        .tls
-        .ca
-        .as_ref()
-        .map(|p| read(p, "tls_ca"))
-        .transpose()?;
-    redis::Client::build_with_tls(
-        url,
-        redis::TlsCertificates {
-            client_tls,
-            root_cert,
-        },
-    )
-    .with_context(|| format!("cluster.redis_url: {url:?} with its TLS files"))
 }

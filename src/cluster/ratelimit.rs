@@ -104,11 +104,27 @@ pub(crate) async fn strict_check(
     })
 }
 
-/// The Redis key of a quota state: every quota key under one hash tag, so one script
-/// call can touch them all on a Redis Cluster too (the sync is one call per instance per
-/// interval; a shard carries that easily).
+/// The Redis key of a quota state. On one server (`single`, `sentinel`) every quota key is
+/// under one hash tag, `rl`: one script call per `max_keys_per_call` keys per sync. On a
+/// Redis Cluster the tag is `rl:<n>`, n a hash of the key modulo
+/// `cluster.ratelimit.shards`, so the syncs' load spreads over the masters (one call per
+/// tag, sent at once). Strict quotas keep one tag (`rl`) everywhere: one request's strict
+/// quotas are checked by one script, all or none.
 pub(crate) fn quota_key(cluster: &Cluster, quota: &QuotaRef) -> String {
-    cluster.key("rl", &quota_rest(quota))
+    let rest = quota_rest(quota);
+    cluster.key(&quota_tag(cluster, &rest), &rest)
+}
+
+fn quota_tag(cluster: &Cluster, rest: &str) -> String {
+    if !cluster.per_slot() {
+        return "rl".to_owned();
+    }
+    // FNV-1a: stable across instances and releases (the tag names a key in Redis).
+    let hash = rest.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let shards = cluster.settings.quota_shards.max(1) as u64;
+    format!("rl:{}", hash % shards)
 }
 
 fn quota_rest(quota: &QuotaRef) -> String {
@@ -124,26 +140,63 @@ pub(crate) async fn sync_once(
     cluster: &Cluster,
     hits: &[Hits],
 ) -> Result<Vec<Duration>, ClusterError> {
-    let mut debts = Vec::with_capacity(hits.len());
-    for chunk in hits.chunks(cluster.settings.max_keys_per_call.max(1)) {
-        let mut call = SCRIPT.prepare_invoke();
-        for h in chunk {
-            call.key(quota_key(cluster, &h.quota))
-                .arg(h.count)
-                .arg(1e6 / h.rate.per_second);
+    if !cluster.per_slot() {
+        let mut debts = Vec::with_capacity(hits.len());
+        for chunk in hits.chunks(cluster.settings.max_keys_per_call.max(1)) {
+            let keys = chunk.iter().map(|h| quota_key(cluster, &h.quota)).collect();
+            debts.extend(sync_call(cluster, chunk.iter(), keys).await?);
         }
-        let answer: Vec<i64> = cluster
-            .call("ratelimit_sync", |mut c| async move {
-                call.invoke_async(&mut c).await
+        return Ok(debts);
+    }
+    // A Redis Cluster: one call per hash tag (and per `max_keys_per_call` keys), at once.
+    let mut by_tag: std::collections::BTreeMap<String, Vec<(usize, String)>> =
+        std::collections::BTreeMap::new();
+    for (i, h) in hits.iter().enumerate() {
+        let rest = quota_rest(&h.quota);
+        let tag = quota_tag(cluster, &rest);
+        let key = cluster.key(&tag, &rest);
+        by_tag.entry(tag).or_default().push((i, key));
+    }
+    let calls = by_tag.values().flat_map(|keys| {
+        keys.chunks(cluster.settings.max_keys_per_call.max(1))
+            .map(|chunk| async move {
+                let debts = sync_call(
+                    cluster,
+                    chunk.iter().map(|(i, _)| &hits[*i]),
+                    chunk.iter().map(|(_, k)| k.clone()).collect(),
+                )
+                .await?;
+                Ok::<_, ClusterError>(chunk.iter().map(|(i, _)| *i).zip(debts).collect::<Vec<_>>())
             })
-            .await?;
-        debts.extend(
-            answer
-                .into_iter()
-                .map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0))),
-        );
+    });
+    let mut debts = vec![Duration::ZERO; hits.len()];
+    for answer in futures_util::future::join_all(calls).await {
+        for (i, debt) in answer? {
+            debts[i] = debt;
+        }
     }
     Ok(debts)
+}
+
+/// One script call charging `hits` to `keys` (one hash tag on a Redis Cluster).
+async fn sync_call<'h>(
+    cluster: &Cluster,
+    hits: impl Iterator<Item = &'h Hits>,
+    keys: Vec<String>,
+) -> Result<Vec<Duration>, ClusterError> {
+    let mut call = SCRIPT.prepare_invoke();
+    for (h, key) in hits.zip(keys) {
+        call.key(key).arg(h.count).arg(1e6 / h.rate.per_second);
+    }
+    let answer: Vec<i64> = cluster
+        .call("ratelimit_sync", |mut c| async move {
+            call.invoke_async(&mut c).await
+        })
+        .await?;
+    Ok(answer
+        .into_iter()
+        .map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0)))
+        .collect())
 }
 
 /// The sync, every `sync_interval`, for the limiter `current` answers (the current
@@ -177,5 +230,72 @@ pub(crate) async fn sync_loop(cluster: Arc<Cluster>, current: impl Fn() -> Arc<d
                 tracing::debug!(error = %e, keys = batch.len(), "quota sync failed; counts dropped");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::cluster::{ClusterMode, ClusterSettings, Topology};
+    use crate::config::raw::RawCluster;
+    use crate::identity::Aic;
+
+    fn cluster(topology: Topology) -> Arc<Cluster> {
+        let raw = RawCluster {
+            mode: ClusterMode::Redis,
+            topology,
+            redis_url: "redis://127.0.0.1:1".into(),
+            ..RawCluster::default()
+        };
+        let settings = ClusterSettings::try_from(&raw).expect("valid settings");
+        Cluster::new(&settings, Arc::new(crate::metrics::Metrics::new()))
+            .expect("builds")
+            .expect("redis mode")
+    }
+
+    /// The hash tag of a key: what decides its Redis Cluster slot.
+    fn tag(key: &str) -> &str {
+        let open = key.find('{').unwrap();
+        &key[open..=open + key[open..].find('}').unwrap()]
+    }
+
+    /// On a Redis Cluster quota keys spread over `shards` tags (before, every quota key
+    /// carried one tag, so every sync landed on one node); on one server they keep the
+    /// single tag they always had.
+    #[test]
+    fn quota_keys_are_sharded_on_a_cluster_only() {
+        let quotas: Vec<QuotaRef> = (0..1000)
+            .map(|i| {
+                QuotaRef::Aic(Aic::with_check_code(&format!("10001000011K9123{i:014}")).unwrap())
+            })
+            .collect();
+        let tags = |c: &Cluster| -> BTreeSet<String> {
+            quotas
+                .iter()
+                .map(|q| tag(&quota_key(c, q)).to_owned())
+                .collect()
+        };
+        let on_cluster = cluster(Topology::Cluster);
+        assert_eq!(tags(&on_cluster).len(), 16, "{:?}", tags(&on_cluster));
+        let single = cluster(Topology::Single);
+        assert_eq!(
+            tags(&single).into_iter().collect::<Vec<_>>(),
+            ["{aipgw:rl}"]
+        );
+        let QuotaRef::Aic(first) = &quotas[0] else {
+            unreachable!()
+        };
+        assert_eq!(
+            quota_key(&single, &quotas[0]),
+            format!("aipgw:{{aipgw:rl}}:aic:{first}")
+        );
+        // A key's tag is the same on every instance.
+        assert_eq!(
+            quota_key(&on_cluster, &quotas[7]),
+            quota_key(&cluster(Topology::Cluster), &quotas[7])
+        );
     }
 }

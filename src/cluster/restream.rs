@@ -20,7 +20,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use redis::aio::MultiplexedConnection;
 use redis::Value;
 use tokio::time::Instant;
 
@@ -149,7 +148,7 @@ impl Resume for CopyStream {
 
 /// A place to follow a copy from: one of `max_remote_followers`, and its connection.
 struct RemoteSlot {
-    conn: MultiplexedConnection,
+    conn: super::Conn,
     _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
@@ -157,19 +156,18 @@ struct RemoteSlot {
 /// be reached within `connect_timeout` (the re-stream then goes to the Partner).
 async fn reserve(cluster: &Arc<Cluster>) -> Option<RemoteSlot> {
     let permit = cluster.remote_followers.clone().try_acquire_owned().ok()?;
-    let cfg = redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(cluster.settings.connect_timeout))
-        .set_response_timeout(None);
-    let connecting = cluster
-        .client
-        .get_multiplexed_async_connection_with_config(&cfg);
+    let connecting = cluster.link.dedicated();
     match tokio::time::timeout(cluster.settings.connect_timeout, connecting).await {
         Ok(Ok(conn)) => Some(RemoteSlot {
             conn,
             _permit: permit,
         }),
         failed => {
-            tracing::debug!(?failed, "no connection for a follower from Redis");
+            let why = failed.map_or_else(
+                |_| "timed out".to_owned(),
+                |r| r.err().map(|e| e.to_string()).unwrap_or_default(),
+            );
+            tracing::debug!(why, "no connection for a follower from Redis");
             cluster.count_error("replay_read");
             None
         }
@@ -249,7 +247,7 @@ struct Page {
 async fn fetch(
     cluster: &Cluster,
     keys: &ReplayKeys,
-    conn: &mut MultiplexedConnection,
+    conn: &mut super::Conn,
     read: Option<EntryId>,
     history: bool,
     keepalive: Duration,

@@ -146,7 +146,7 @@ pub(crate) async fn renew_loop(cluster: Arc<Cluster>) {
             async move {
                 let lease = |script: &'static LazyLock<redis::Script>| {
                     let (key, member) = (key.clone(), member.clone());
-                    move |mut c: redis::aio::ConnectionManager| async move {
+                    move |mut c: super::Conn| async move {
                         script
                             .key(key)
                             .arg(member)

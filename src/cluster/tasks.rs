@@ -221,21 +221,39 @@ pub(crate) async fn republish_loop(cluster: Arc<Cluster>, owners: Arc<dyn TaskOw
 async fn republish(cluster: &Arc<Cluster>, entries: Vec<crate::policy::tasks::OwnerEntry>) {
     let (mut written, mut taken, mut failed) = (0usize, 0usize, 0usize);
     for batch in entries.chunks(REPUBLISH_BATCH) {
-        let mut pipe = redis::pipe();
-        for e in batch {
-            pipe.cmd("SET")
-                .arg(task_key(cluster, &e.partner, &e.task))
+        let set = |e: &crate::policy::tasks::OwnerEntry| {
+            let mut cmd = redis::cmd("SET");
+            cmd.arg(task_key(cluster, &e.partner, &e.task))
                 .arg(e.owner.as_str())
                 .arg("NX")
                 .arg("PX")
                 .arg(super::ms(e.left));
-        }
+            cmd
+        };
         let timeout = cluster.settings.command_timeout * 10;
-        let sent = cluster
-            .call_within("task_republish", timeout, |mut c| async move {
-                pipe.query_async::<Vec<Option<String>>>(&mut c).await
-            })
-            .await;
+        let sent = if cluster.per_slot() {
+            // A Redis Cluster: every owner in a slot of its own, each SET sent at once.
+            let calls = batch.iter().map(|e| {
+                let cmd = set(e);
+                cluster.call_within("task_republish", timeout, |mut c| async move {
+                    cmd.query_async::<Option<String>>(&mut c).await
+                })
+            });
+            futures_util::future::join_all(calls)
+                .await
+                .into_iter()
+                .collect::<Result<Vec<_>, _>>()
+        } else {
+            let mut pipe = redis::pipe();
+            for e in batch {
+                pipe.add_command(set(e));
+            }
+            cluster
+                .call_within("task_republish", timeout, |mut c| async move {
+                    pipe.query_async::<Vec<Option<String>>>(&mut c).await
+                })
+                .await
+        };
         match sent {
             Ok(results) => {
                 let n = results.iter().filter(|r| r.is_some()).count();

@@ -401,6 +401,30 @@ fn normalize_prefix(prefix: &str) -> anyhow::Result<String> {
     Ok(if trimmed.is_empty() { "/" } else { trimmed }.to_owned())
 }
 
+/// `cluster.topology` with the URLs it needs.
+fn cluster_topology(c: &raw::RawCluster) -> anyhow::Result<()> {
+    use crate::cluster::Topology;
+    for u in &c.redis_urls {
+        if !(u.starts_with("redis://") || u.starts_with("rediss://")) {
+            bail!("cluster.redis_urls: {u:?} must start with redis:// or rediss://");
+        }
+    }
+    match c.topology {
+        Topology::Single if !c.redis_urls.is_empty() => bail!(
+            "cluster.redis_urls: only with topology = \"cluster\" (seed nodes) or \"sentinel\" \
+             (Sentinels); a single server is redis_url alone"
+        ),
+        Topology::Sentinel if c.redis_url.starts_with("rediss://") => {
+            bail!("cluster.redis_url: rediss:// is not supported with topology = \"sentinel\"")
+        }
+        Topology::Sentinel if c.sentinel_master.is_empty() => {
+            bail!("cluster.sentinel_master: the master's name under Sentinel, not empty")
+        }
+        _ => {}
+    }
+    at_least_one("cluster.ratelimit.shards", c.ratelimit.shards)
+}
+
 /// `[cluster]`.
 impl TryFrom<&raw::RawCluster> for crate::cluster::ClusterSettings {
     type Error = anyhow::Error;
@@ -429,6 +453,7 @@ impl TryFrom<&raw::RawCluster> for crate::cluster::ClusterSettings {
         if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
             bail!("cluster.redis_url: {url:?} must start with redis:// or rediss://");
         }
+        cluster_topology(c)?;
         let tls_files = c.tls_ca.is_some() || c.tls_cert.is_some() || c.tls_key.is_some();
         if tls_files && !url.starts_with("rediss://") {
             bail!("cluster.tls_ca, tls_cert, tls_key: only with a rediss:// redis_url");
@@ -443,7 +468,11 @@ impl TryFrom<&raw::RawCluster> for crate::cluster::ClusterSettings {
         }
         Ok(crate::cluster::ClusterSettings {
             mode: c.mode,
+            topology: c.topology,
             redis_url: c.redis_url.clone(),
+            redis_urls: c.redis_urls.clone(),
+            sentinel_master: c.sentinel_master.clone(),
+            quota_shards: c.ratelimit.shards,
             tls: crate::cluster::RedisTls {
                 ca: c.tls_ca.clone(),
                 client,

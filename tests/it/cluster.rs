@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::cluster_topology::RedisCluster;
 use crate::support::*;
 use aipgw::devcerts::CertSpec;
 
@@ -171,6 +172,53 @@ impl Drop for RedisServer {
     }
 }
 
+/// Where the instances share state: one `redis-server` ([`RedisServer`]) or a Redis
+/// Cluster ([`RedisCluster`]); the tests below run on either.
+pub trait Store {
+    /// `[cluster]` lines naming it (URLs, topology).
+    fn lines(&self) -> String;
+    /// Runs one command (on a cluster: on the node holding its key's slot).
+    fn cmd(&self, args: &[&str]) -> redis::Value;
+    /// The key Redis holds a quota's state under (`rest`: `aic:<AIC>`, ...), found.
+    fn quota_key(&self, rest: &str) -> Option<String>;
+}
+
+impl Store for RedisServer {
+    fn lines(&self) -> String {
+        format!("redis_url = \"{}\"", self.url())
+    }
+    fn cmd(&self, args: &[&str]) -> redis::Value {
+        RedisServer::cmd(self, args)
+    }
+    fn quota_key(&self, rest: &str) -> Option<String> {
+        let key = format!("aipgw:{{aipgw:rl}}:{rest}");
+        (self.cmd(&["EXISTS", &key]) == redis::Value::Int(1)).then_some(key)
+    }
+}
+
+impl Store for RedisCluster {
+    fn lines(&self) -> String {
+        self.config_lines()
+    }
+    fn cmd(&self, args: &[&str]) -> redis::Value {
+        RedisCluster::cmd(self, args)
+    }
+    fn quota_key(&self, rest: &str) -> Option<String> {
+        // Sharded: `rl:<n>` in the hash tag; asked of every node.
+        let pattern = format!("aipgw:{{aipgw:rl:*}}:{rest}");
+        self.nodes.iter().find_map(|n| {
+            let keys: Vec<String> =
+                redis::from_redis_value(n.cmd(&["KEYS", &pattern]).ok()?).ok()?;
+            keys.into_iter().next()
+        })
+    }
+}
+
+/// A three-master Redis Cluster for a test (`None`: skipped, see [`RedisCluster`]).
+pub fn three_masters() -> Option<RedisCluster> {
+    RedisCluster::start(3, 0)
+}
+
 /// Fast failure for the tests' own Redis on loopback.
 pub const FAST: &str = "command_timeout = \"50ms\"";
 
@@ -178,7 +226,7 @@ pub const FAST: &str = "command_timeout = \"50ms\"";
 /// sync), then `sections`, then one Partner `p` at `/p` on `partner`.
 pub fn config(
     pki: &Pki,
-    redis: &RedisServer,
+    redis: &impl Store,
     cluster_lines: &str,
     sections: &str,
     partner: &str,
@@ -186,8 +234,8 @@ pub fn config(
     pki.config(
         "",
         &format!(
-            "[cluster]\nmode = \"redis\"\nredis_url = \"{}\"\n{cluster_lines}\n[cluster.ratelimit]\nsync_interval = \"100ms\"\n{sections}\n{}",
-            redis.url(),
+            "[cluster]\nmode = \"redis\"\n{}\n{cluster_lines}\n[cluster.ratelimit]\nsync_interval = \"100ms\"\n{sections}\n{}",
+            redis.lines(),
             partner_block("p", "/p", partner, "")
         ),
     )
@@ -196,7 +244,7 @@ pub fn config(
 /// Two instances on one [`config`].
 pub async fn pair(
     pki: &Pki,
-    redis: &RedisServer,
+    redis: &impl Store,
     cluster_lines: &str,
     sections: &str,
     partner: &str,
@@ -221,7 +269,7 @@ pub type SseTwo = Two<SsePartner>;
 impl<P> Two<P> {
     /// Around a Partner already listening at `url`.
     pub async fn around(
-        redis: &RedisServer,
+        redis: &impl Store,
         partner: P,
         url: &str,
         cluster_lines: &str,
@@ -248,7 +296,7 @@ impl<P> Two<P> {
 impl Two<SsePartner> {
     /// In front of an SSE Partner answering re-streams that reach it with `restream`.
     pub async fn start(
-        redis: &RedisServer,
+        redis: &impl Store,
         restream: Restream,
         cluster_lines: &str,
         sections: &str,
@@ -261,11 +309,7 @@ impl Two<SsePartner> {
 
 impl Two<TestPartner> {
     /// In front of an echoing Partner.
-    pub async fn echo(
-        redis: &RedisServer,
-        cluster_lines: &str,
-        sections: &str,
-    ) -> Two<TestPartner> {
+    pub async fn echo(redis: &impl Store, cluster_lines: &str, sections: &str) -> Two<TestPartner> {
         let partner = TestPartner::start(Behaviour::Echo).await;
         let url = partner.url();
         Two::around(redis, partner, &url, cluster_lines, sections).await
@@ -323,11 +367,22 @@ async fn alternate(leader: &Leader, gws: &[SocketAddr], run: Duration) -> (u32, 
 /// where each instance on its own would admit rate x time + burst.
 #[tokio::test]
 async fn two_instances_share_one_quota() {
-    let Some(redis) = RedisServer::start() else {
-        return;
-    };
+    if let Some(redis) = RedisServer::start() {
+        two_instances_share_one_quota_on(&redis).await;
+    }
+}
+
+/// [`two_instances_share_one_quota`] on a three-master Redis Cluster.
+#[tokio::test]
+async fn two_instances_share_one_quota_on_a_redis_cluster() {
+    if let Some(redis) = three_masters() {
+        two_instances_share_one_quota_on(&redis).await;
+    }
+}
+
+async fn two_instances_share_one_quota_on(redis: &impl Store) {
     let (_pki, _partner, a, b, leader) =
-        Two::echo(&redis, FAST, "[ratelimit]\nrate = 20.0\nburst = 5")
+        Two::echo(redis, FAST, "[ratelimit]\nrate = 20.0\nburst = 5")
             .await
             .into_parts();
     let run = Duration::from_secs(3);
@@ -346,12 +401,24 @@ async fn two_instances_share_one_quota() {
         ok as f64 >= rate * secs * 0.8,
         "admitted {ok}: the quota's own rate is {rate}/s"
     );
-    let key = "aipgw:{aipgw:rl}:aic:".to_owned() + LEADER_A;
+    let key = redis
+        .quota_key(&format!("aic:{LEADER_A}"))
+        .expect("no shared state for the AIC's quota");
     let redis::Value::Int(ttl) = redis.cmd(&["PTTL", &key]) else {
         panic!("no shared state under {key}");
     };
     assert!(ttl > 0, "every key has a TTL ({ttl})");
     assert!(metric(&a, "aipgw_ratelimit_sync_seconds_count").await > Some(0.0));
+    let syncs = metric(&a, "aipgw_ratelimit_sync_seconds_count")
+        .await
+        .unwrap_or(0.0);
+    let spent = metric(&a, "aipgw_ratelimit_sync_seconds_sum")
+        .await
+        .unwrap_or(0.0);
+    eprintln!(
+        "{syncs} syncs on one instance, {:.3} ms each on average",
+        spent / syncs * 1e3
+    );
 }
 
 /// Issue test 1, `strict`: a quota marked strict is checked in Redis on every request, so
@@ -361,11 +428,22 @@ async fn two_instances_share_one_quota() {
 /// id.
 #[tokio::test]
 async fn a_strict_quota_is_exact_across_instances() {
-    let Some(redis) = RedisServer::start() else {
-        return;
-    };
+    if let Some(redis) = RedisServer::start() {
+        a_strict_quota_is_exact_across_instances_on(&redis).await;
+    }
+}
+
+/// [`a_strict_quota_is_exact_across_instances`] on a three-master Redis Cluster.
+#[tokio::test]
+async fn a_strict_quota_is_exact_across_instances_on_a_redis_cluster() {
+    if let Some(redis) = three_masters() {
+        a_strict_quota_is_exact_across_instances_on(&redis).await;
+    }
+}
+
+async fn a_strict_quota_is_exact_across_instances_on(redis: &impl Store) {
     let (_pki, _partner, a, b, leader) = Two::echo(
-        &redis,
+        redis,
         FAST,
         "[ratelimit]\nrate = 20.0\nburst = 20\nstrict = true",
     )
@@ -552,12 +630,23 @@ async fn a_reload_cannot_change_the_cluster_settings() {
 /// and a start the Partner refused leaves no claim behind in Redis.
 #[tokio::test]
 async fn a_task_started_on_one_instance_is_owned_on_every_instance() {
-    let Some(redis) = RedisServer::start() else {
-        return;
-    };
+    if let Some(redis) = RedisServer::start() {
+        a_task_started_on_one_instance_is_owned_on_every_instance_on(&redis).await;
+    }
+}
+
+/// [`a_task_started_on_one_instance_is_owned_on_every_instance`] on a three-master Redis Cluster.
+#[tokio::test]
+async fn a_task_started_on_one_instance_is_owned_on_every_instance_on_a_redis_cluster() {
+    if let Some(redis) = three_masters() {
+        a_task_started_on_one_instance_is_owned_on_every_instance_on(&redis).await;
+    }
+}
+
+async fn a_task_started_on_one_instance_is_owned_on_every_instance_on(redis: &impl Store) {
     let pki = Pki::new();
     let partner = TestPartner::start(Behaviour::RefuseFrom("refused-task")).await;
-    let (a, b) = pair(&pki, &redis, FAST, "", &partner.url()).await;
+    let (a, b) = pair(&pki, redis, FAST, "", &partner.url()).await;
     let (la, lb) = (pki.leader(LEADER_A, false), pki.leader(LEADER_B, false));
     let cancel = |id: &str, sender: &str, task: &str| {
         rpc_start(id, sender, task).replace("\"start\"", "\"cancel\"")
@@ -677,26 +766,37 @@ async fn rediss_with_a_client_certificate() {
 /// would have let the second through.
 #[tokio::test]
 async fn open_streams_per_aic_are_counted_across_instances() {
-    let Some(redis) = RedisServer::start() else {
-        return;
-    };
-    let t = Leases::start(&redis, "3s", 1).await;
+    if let Some(redis) = RedisServer::start() {
+        open_streams_per_aic_are_counted_across_instances_on(&redis).await;
+    }
+}
+
+/// [`open_streams_per_aic_are_counted_across_instances`] on a three-master Redis Cluster.
+#[tokio::test]
+async fn open_streams_per_aic_are_counted_across_instances_on_a_redis_cluster() {
+    if let Some(redis) = three_masters() {
+        open_streams_per_aic_are_counted_across_instances_on(&redis).await;
+    }
+}
+
+async fn open_streams_per_aic_are_counted_across_instances_on(redis: &impl Store) {
+    let t = Leases::start(redis, "3s", 1).await;
     let first = t.open(t.a.addr, "first").await;
     assert_eq!(first.status, 200);
     let feed = t.partner.feed("first").await;
-    assert_eq!(t.held(&redis), redis::Value::Int(1));
+    assert_eq!(t.held(redis), redis::Value::Int(1));
     t.refused(t.b.addr, "second").await;
 
     // Past the lease TTL the lease is still held: it is renewed while the stream runs.
     tokio::time::sleep(Duration::from_millis(3500)).await;
-    assert_eq!(t.held(&redis), redis::Value::Int(1));
+    assert_eq!(t.held(redis), redis::Value::Int(1));
 
     // The Partner ends the first stream: its lease goes, B may open one.
     feed_events(&feed, 1..=1, Some((1, "completed"))).await;
     drop(feed);
     drop(first);
     let deadline = Instant::now() + Duration::from_secs(3);
-    while t.held(&redis) != redis::Value::Int(0) {
+    while t.held(redis) != redis::Value::Int(0) {
         assert!(
             Instant::now() < deadline,
             "the lease stayed after its stream ended"
@@ -801,17 +901,28 @@ async fn task_owners_come_back_after_redis_restarts_empty() {
 /// one, and the third stream was admitted.
 #[tokio::test]
 async fn instances_with_one_id_hold_their_leases_apart() {
-    let Some(redis) = RedisServer::start() else {
-        return;
-    };
-    let t = Leases::start(&redis, "3s", 2).await;
+    if let Some(redis) = RedisServer::start() {
+        instances_with_one_id_hold_their_leases_apart_on(&redis).await;
+    }
+}
+
+/// [`instances_with_one_id_hold_their_leases_apart`] on a three-master Redis Cluster.
+#[tokio::test]
+async fn instances_with_one_id_hold_their_leases_apart_on_a_redis_cluster() {
+    if let Some(redis) = three_masters() {
+        instances_with_one_id_hold_their_leases_apart_on(&redis).await;
+    }
+}
+
+async fn instances_with_one_id_hold_their_leases_apart_on(redis: &impl Store) {
+    let t = Leases::start(redis, "3s", 2).await;
     let mut open = Vec::new();
     for (gw, task) in [(t.a.addr, "one"), (t.b.addr, "two")] {
         let s = t.open(gw, task).await;
         assert_eq!(s.status, 200);
         open.push((s, t.partner.feed(task).await));
     }
-    assert_eq!(t.held(&redis), redis::Value::Int(2));
+    assert_eq!(t.held(redis), redis::Value::Int(2));
     t.refused(t.a.addr, "three").await;
 }
 
@@ -830,7 +941,7 @@ impl std::ops::Deref for Leases {
 }
 
 impl Leases {
-    async fn start(redis: &RedisServer, lease_ttl: &str, max: usize) -> Leases {
+    async fn start(redis: &impl Store, lease_ttl: &str, max: usize) -> Leases {
         let two = SseTwo::start(
             redis,
             Restream::Error,
@@ -864,7 +975,7 @@ impl Leases {
         );
     }
 
-    fn held(&self, redis: &RedisServer) -> redis::Value {
+    fn held(&self, redis: &impl Store) -> redis::Value {
         redis.cmd(&["ZCARD", &self.key])
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::cluster::{metric, RedisServer, SseTwo, FAST};
+use crate::cluster::{metric, three_masters, RedisServer, SseTwo, Store, FAST};
 use crate::support::*;
 
 /// The copy's keys for task `task` of Partner `p` under the default prefix.
@@ -23,7 +23,7 @@ fn int(v: redis::Value) -> i64 {
 }
 
 /// Waits until `redis` says `cmd` is `want` (the writer runs in the background).
-async fn until_redis(redis: &RedisServer, cmd: &[&str], want: i64, within: Duration) {
+async fn until_redis(redis: &impl Store, cmd: &[&str], want: i64, within: Duration) {
     let start = Instant::now();
     loop {
         let got = int(redis.cmd(cmd));
@@ -77,11 +77,22 @@ async fn read_seqs(reply: &mut StreamReply, want: usize) -> Vec<u64> {
 /// on B.
 #[tokio::test]
 async fn a_restream_on_another_instance_is_served_from_redis() {
-    let Some(redis) = RedisServer::start() else {
-        return;
-    };
+    if let Some(redis) = RedisServer::start() {
+        a_restream_on_another_instance_is_served_from_redis_on(&redis).await;
+    }
+}
+
+/// [`a_restream_on_another_instance_is_served_from_redis`] on a three-master Redis Cluster.
+#[tokio::test]
+async fn a_restream_on_another_instance_is_served_from_redis_on_a_redis_cluster() {
+    if let Some(redis) = three_masters() {
+        a_restream_on_another_instance_is_served_from_redis_on(&redis).await;
+    }
+}
+
+async fn a_restream_on_another_instance_is_served_from_redis_on(redis: &impl Store) {
     let (pki, partner, a, b, leader) = SseTwo::start(
-        &redis,
+        redis,
         Restream::Error,
         &format!("{FAST}\n[cluster.replay]\nread_block = \"200ms\""),
         "[stream]\ndetach_timeout = \"1s\"",
@@ -97,7 +108,7 @@ async fn a_restream_on_another_instance_is_served_from_redis() {
     }
     first.disconnect();
     let (events, _) = keys("t1");
-    until_redis(&redis, &["XLEN", &events], 300, Duration::from_secs(5)).await;
+    until_redis(redis, &["XLEN", &events], 300, Duration::from_secs(5)).await;
 
     let stranger = pki.leader(LEADER_B, false);
     let refused = stranger

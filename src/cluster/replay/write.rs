@@ -195,18 +195,13 @@ async fn write(cluster: &Arc<Cluster>, ops: Vec<Op>) {
         if cmds.is_empty() {
             return;
         }
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        for c in &cmds {
-            pipe.add_command(c.cmd.clone());
-        }
-        let timeout = cluster.settings.replay.write_timeout;
-        let sent = cluster
-            .call_within("replay_write", timeout, |mut c| async move {
-                pipe.query_async::<Vec<redis::RedisResult<i64>>>(&mut c)
-                    .await
-            })
-            .await;
+        let sent = send(
+            cluster,
+            "replay_write",
+            cmds.iter()
+                .map(|c| (c.stream.keys.events.as_str(), c.cmd.clone())),
+        )
+        .await;
         let results = match sent {
             Ok(r) if r.len() == cmds.len() => r,
             _ => {
@@ -259,8 +254,83 @@ fn replaced(stream: &MirrorStream) {
     stream.closed.store(true, Ordering::Release);
 }
 
+/// Sends `cmds` pipelined, each answered on its own: one pipeline on one server; on a
+/// Redis Cluster one per stream (`group`: a key of the stream), sent at once, a pipeline
+/// that failed answering an error for each of its commands.
+async fn send<'g>(
+    cluster: &Cluster,
+    op: &'static str,
+    cmds: impl Iterator<Item = (&'g str, redis::Cmd)>,
+) -> Result<Vec<redis::RedisResult<i64>>, super::super::ClusterError> {
+    let timeout = cluster.settings.replay.write_timeout;
+    let one = |cmds: Vec<redis::Cmd>| async move {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for c in cmds {
+            pipe.add_command(c);
+        }
+        cluster
+            .call_within(op, timeout, |mut c| async move {
+                pipe.query_async::<Vec<redis::RedisResult<i64>>>(&mut c)
+                    .await
+            })
+            .await
+    };
+    if !cluster.per_slot() {
+        return one(cmds.map(|(_, c)| c).collect()).await;
+    }
+    let mut groups: Vec<(&str, Vec<usize>, Vec<redis::Cmd>)> = Vec::new();
+    let mut n = 0;
+    for (i, (group, cmd)) in cmds.enumerate() {
+        n = i + 1;
+        match groups.iter_mut().find(|(g, ..)| *g == group) {
+            Some((_, at, cs)) => {
+                at.push(i);
+                cs.push(cmd);
+            }
+            None => groups.push((group, vec![i], vec![cmd])),
+        }
+    }
+    let sends = groups.into_iter().map(|(_, at, cs)| {
+        let len = cs.len();
+        async move {
+            let answers = match one(cs).await {
+                Ok(r) if r.len() == len => r,
+                _ => (0..len)
+                    .map(|_| Err(redis::RedisError::from(std::io::Error::other("failed"))))
+                    .collect(),
+            };
+            at.into_iter().zip(answers).collect::<Vec<_>>()
+        }
+    });
+    let mut out: Vec<Option<redis::RedisResult<i64>>> = (0..n).map(|_| None).collect();
+    for answered in futures_util::future::join_all(sends).await {
+        for (i, r) in answered {
+            out[i] = Some(r);
+        }
+    }
+    Ok(out.into_iter().flatten().collect())
+}
+
 async fn load_scripts(cluster: &Cluster) -> Result<(), super::super::ClusterError> {
     let timeout = cluster.settings.replay.write_timeout;
+    if cluster.per_slot() {
+        // Each on its own: a Redis Cluster sends a `SCRIPT LOAD` to every node, but a
+        // pipeline of them to one.
+        for text in [OPEN, APPEND, RENEW, BREAK] {
+            cluster
+                .call_within("replay_write", timeout, |mut c| async move {
+                    redis::cmd("SCRIPT")
+                        .arg("LOAD")
+                        .arg(text)
+                        .query_async::<Value>(&mut c)
+                        .await
+                        .map(|_| ())
+                })
+                .await?;
+        }
+        return Ok(());
+    }
     cluster
         .call_within("replay_write", timeout, |mut c| async move {
             let mut pipe = redis::pipe();
@@ -299,8 +369,7 @@ async fn renew(cluster: &Arc<Cluster>) {
     };
     let lease = ms(cluster.settings.replay.recorder_lease_ttl);
     for chunk in streams.chunks(cluster.settings.replay.batch_events) {
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
+        let mut cmds = Vec::with_capacity(chunk.len());
         for (_, s) in chunk {
             let k = &s.keys;
             let mut cmd = redis::cmd("EVALSHA");
@@ -322,16 +391,9 @@ async fn renew(cluster: &Arc<Cluster>) {
                     .arg(lease)
                     .arg(s.live_ttl(cluster)),
             };
-            pipe.add_command(cmd);
+            cmds.push((k.events.as_str(), cmd));
         }
-        let timeout = cluster.settings.replay.write_timeout;
-        let Ok(results) = cluster
-            .call_within("replay_lease", timeout, |mut c| async move {
-                pipe.query_async::<Vec<redis::RedisResult<i64>>>(&mut c)
-                    .await
-            })
-            .await
-        else {
+        let Ok(results) = send(cluster, "replay_lease", cmds.into_iter()).await else {
             continue;
         };
         if results

@@ -13,9 +13,21 @@ use super::*;
 pub struct RawCluster {
     /// `local` (one instance, state in memory) or `redis` (shared through Redis).
     pub mode: ClusterMode,
+    /// What `redis_url` (and `redis_urls`) name: `single` (one master; the default),
+    /// `cluster` (Redis Cluster seed nodes: slots discovered, redirections and failovers
+    /// followed) or `sentinel` (Sentinels, asked for the master `sentinel_master`; a
+    /// promotion is followed). The server is asked what it is at start and after each
+    /// reconnection; one that does not fit is refused.
+    pub topology: crate::cluster::Topology,
     /// `redis://host:port[/db]`, or `rediss://` for TLS (with `tls_ca`, and `tls_cert` +
-    /// `tls_key` for a client certificate).
+    /// `tls_key` for a client certificate). With `cluster`: any node of the cluster; with
+    /// `sentinel`: a Sentinel.
     pub redis_url: String,
+    /// More Redis Cluster seed nodes (`cluster`) or Sentinels (`sentinel`), tried beside
+    /// `redis_url` (default: none).
+    pub redis_urls: Vec<String>,
+    /// The master's name under Sentinel (`sentinel`; default `mymaster`).
+    pub sentinel_master: String,
     /// CA bundle for `rediss://` (default: the system's roots).
     pub tls_ca: Option<PathBuf>,
     /// Client certificate for `rediss://`.
@@ -48,7 +60,10 @@ impl Default for RawCluster {
     fn default() -> Self {
         RawCluster {
             mode: ClusterMode::default(),
+            topology: crate::cluster::Topology::default(),
             redis_url: "redis://127.0.0.1:6379".into(),
+            redis_urls: Vec::new(),
+            sentinel_master: "mymaster".into(),
             tls_ca: None,
             tls_cert: None,
             tls_key: None,
@@ -75,6 +90,11 @@ pub struct RawClusterRateLimit {
     pub sync_interval: Duration,
     /// Quota keys sent in one script call at most (a sync with more is split).
     pub max_keys_per_call: usize,
+    /// On a Redis Cluster (`topology = "cluster"`): the hash tags quota keys are spread
+    /// over (a quota key's tag is a hash of the key, modulo this), so the syncs' load
+    /// spreads over the masters; each sync is one script call per tag it touches, sent at
+    /// once. Unused by `single` and `sentinel` (one tag). Default 16.
+    pub shards: usize,
 }
 
 impl Default for RawClusterRateLimit {
@@ -82,6 +102,7 @@ impl Default for RawClusterRateLimit {
         RawClusterRateLimit {
             sync_interval: d250ms(),
             max_keys_per_call: default_sync_batch(),
+            shards: 16,
         }
     }
 }
