@@ -12,6 +12,7 @@ mod embedded;
 mod enforcement;
 mod envelope;
 mod faults;
+mod fleet_snapshots;
 mod forward;
 mod layout;
 mod ops;
