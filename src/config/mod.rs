@@ -107,7 +107,7 @@ pub struct ListenerConfig {
 }
 
 /// `[upstream]`, validated. Field meanings and defaults: see [`raw::RawUpstream`].
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 #[allow(missing_docs)]
 pub struct UpstreamConfig {
     pub connect_timeout: Duration,
@@ -118,6 +118,7 @@ pub struct UpstreamConfig {
     pub max_error_body_bytes: usize,
     pub http2_connection_window: u32,
     pub max_response_head_bytes: usize,
+    pub max_connections: usize,
 }
 
 /// `[policy.tasks]`, validated.

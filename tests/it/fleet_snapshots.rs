@@ -254,3 +254,86 @@ async fn reloads_with_held_connections_give_back_memory_and_files() {
         "every request reached the Partner"
     );
 }
+
+/// A Partner over raw HTTP/1.1 that answers every request with `{}` on a kept-alive
+/// connection and counts the connections it accepted.
+async fn counting_partner() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut tcp, _) = listener.accept().await.unwrap();
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(async move {
+                loop {
+                    read_http1_message(&mut tcp).await;
+                    let answer = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 36\r\n\r\n{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}";
+                    if tcp.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, accepted)
+}
+
+/// Issue 38: Partners that share an origin share its pool: one after another, requests
+/// to 50 Partners on one origin take one Partner connection, not 50.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partners_on_one_origin_share_one_connection() {
+    let pki = Pki::new();
+    let (url, accepted) = counting_partner().await;
+    let partners: String = (0..50)
+        .map(|n| partner_block(&format!("p{n}"), &format!("/p{n}"), &url, ""))
+        .collect();
+    let gw = start_gateway(&pki.config("", &partners)).await;
+    let leader = pki.leader(LEADER_A, true);
+    let (mut conn, _) = leader.h2_connection(gw.addr).await;
+    for n in 0..50 {
+        let body = rpc_start(&n.to_string(), LEADER_A, &format!("t-{n}"));
+        let reply = send_on(&mut conn, &format!("/p{n}/rpc"), &body).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+    }
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// The hard open-file limit of this process (what the gateway's check raises the soft
+/// limit to).
+fn hard_nofile() -> u64 {
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    line.split_whitespace().nth(4).unwrap().parse().unwrap()
+}
+
+/// Issue 38: a reload runs the open-file check `check` and `run` make; a config over the
+/// limit is refused (counted as `over_budget`) and the old one keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_over_the_open_file_limit_is_refused_and_the_old_config_serves() {
+    let pki = Pki::new();
+    let partner = TestPartner::start(Behaviour::Echo).await;
+    let old = pki.config("", &partner_block("old", "/old", &partner.url(), ""));
+    let path = pki.write("aipgw.toml", &old);
+    let gw = start_gateway_from_file(&path).await;
+    let leader = pki.leader(LEADER_A, false);
+    let body = rpc_start("1", LEADER_A, "t-1");
+    let status = |r: Result<Reply, String>| r.unwrap().status.as_u16();
+    assert_eq!(status(leader.post(gw.addr, "/old/rpc", &body).await), 200);
+
+    // One more client connection than the hard limit: it cannot fit.
+    let over = format!("max_connections = {}", hard_nofile() + 1);
+    let new = pki.config(&over, &partner_block("new", "/new", &partner.url(), ""));
+    replace_file(&path, &new);
+    wait_reloads(&gw, "over_budget", 1).await;
+    assert_eq!(reloads(&gw, "ok").await, 0);
+    let body = rpc_start("2", LEADER_A, "t-2");
+    assert_eq!(status(leader.post(gw.addr, "/old/rpc", &body).await), 200);
+    let body = rpc_start("3", LEADER_A, "t-3");
+    assert_ne!(status(leader.post(gw.addr, "/new/rpc", &body).await), 200);
+}
