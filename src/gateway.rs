@@ -184,8 +184,10 @@ impl Gateway {
     /// limits) built beside the old one and swapped in at once. The next request on every
     /// connection uses it; a request already forwarded finishes as it started. The replay
     /// buffer, task owners, metrics, stream and in-flight counts carry over, and so does
-    /// the state of every quota whose settings did not change. On error the old snapshot
-    /// stays.
+    /// the state of every quota whose settings did not change, and each origin's pool of
+    /// Partner connections the new config still names. On error the old snapshot stays.
+    /// The open-file check is the caller's (`reload::reload_now` makes it, as `aipgw
+    /// check` and `aipgw run` do).
     pub fn replace(&self, config: Config) -> anyhow::Result<()> {
         let old = self.snapshot();
         if config.cluster != old.config.cluster {

@@ -248,6 +248,12 @@ async fn reloads_with_held_connections_give_back_memory_and_files() {
         base_bytes / 1e6,
         base_files
     );
+    eprintln!(
+        "one snapshot: {:.1} MB, {base_files} files; after {RELOADS} reloads: {:.1} MB, {} files",
+        base_bytes / 1e6,
+        now.0 / 1e6,
+        now.1
+    );
     assert_eq!(
         partner.seen().len(),
         sent,
@@ -336,4 +342,31 @@ async fn a_reload_over_the_open_file_limit_is_refused_and_the_old_config_serves(
     assert_eq!(status(leader.post(gw.addr, "/old/rpc", &body).await), 200);
     let body = rpc_start("3", LEADER_A, "t-3");
     assert_ne!(status(leader.post(gw.addr, "/new/rpc", &body).await), 200);
+}
+
+/// Issue 38: one budget for every Partner connection. With `upstream.max_connections = 1`
+/// the connection left idle to one origin is closed for a request to another, which is
+/// answered (not left waiting or refused), and the first origin then needs a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_budget_takes_an_idle_connection_from_another_origin() {
+    let pki = Pki::new();
+    let (a, a_accepted) = counting_partner().await;
+    let (b, b_accepted) = counting_partner().await;
+    let partners = format!(
+        "max_connections = 1\n{}{}",
+        partner_block("a", "/a", &a, ""),
+        partner_block("b", "/b", &b, "")
+    );
+    let gw = start_gateway(&pki.config("", &partners)).await;
+    let leader = pki.leader(LEADER_A, true);
+    let (mut conn, _) = leader.h2_connection(gw.addr).await;
+    let accepted = |c: &std::sync::Arc<std::sync::atomic::AtomicUsize>| {
+        c.load(std::sync::atomic::Ordering::SeqCst)
+    };
+    for (n, to) in ["a", "b", "a"].into_iter().enumerate() {
+        let body = rpc_start(&n.to_string(), LEADER_A, &format!("t-{n}"));
+        let reply = send_on(&mut conn, &format!("/{to}/rpc"), &body).await;
+        assert_eq!(reply.status, 200, "{to}: {}", reply.text());
+    }
+    assert_eq!((accepted(&a_accepted), accepted(&b_accepted)), (2, 1));
 }
