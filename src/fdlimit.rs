@@ -40,41 +40,47 @@ pub(crate) fn raise() -> std::io::Result<NofileLimit> {
     })
 }
 
-/// At start: raises the limit, logs it, warns of Partners without a connection bound,
-/// and fails when `cfg`'s bounds do not fit.
-pub(crate) fn ensure(cfg: &Config) -> anyhow::Result<()> {
-    let limit =
-        raise().map_err(|e| anyhow::anyhow!("cannot read or raise the open-file limit: {e}"))?;
-    tracing::info!(
-        soft_before = limit.soft_before,
-        soft = limit.soft,
-        hard = limit.hard,
-        "open-file limit"
-    );
+/// The open-file check, one for `aipgw check`, `aipgw run` and every reload: raises the
+/// soft limit to the hard one (as `run` does at start; again is a no-op) and fails when
+/// `cfg`'s bounds do not fit under it, naming the numbers and the settings that change
+/// them.
+pub(crate) fn ensure(cfg: &Config) -> Result<NofileLimit, OverBudget> {
+    let limit = raise().map_err(|e| OverBudget {
+        need: need(cfg),
+        limit: None,
+        detail: format!("cannot read or raise the open-file limit: {e}"),
+    })?;
     let need = need(cfg);
-    if !need.unbounded.is_empty() {
-        tracing::warn!(
-            partners = ?need.unbounded,
-            "Partners without [partner.limits] max_in_flight: their connections are bounded only by the Leaders' requests"
-        );
+    match check(&need, &limit) {
+        Ok(()) => Ok(limit),
+        Err(detail) => Err(OverBudget {
+            need,
+            limit: Some(limit),
+            detail,
+        }),
     }
-    check(&need, &limit).map_err(anyhow::Error::msg)
 }
 
-/// What a configuration may hold open at once.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A config whose bounds do not fit under the open-file limit.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{detail}")]
+pub(crate) struct OverBudget {
+    /// What it would need.
+    pub need: FdNeed,
+    /// The limit (`None`: it could not be read).
+    pub limit: Option<NofileLimit>,
+    detail: String,
+}
+
+/// What a configuration may hold open at once. The number of Partners is not part of
+/// it: Partners share their origins' pools, and every Partner connection is within
+/// `upstream.max_connections`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct FdNeed {
     /// `listener.max_connections`.
     pub leaders: u64,
-    /// Partner connections: per HTTP/1.1 Partner, its `limits.max_in_flight` requests
-    /// (one connection each) or its idle pools (`upstream.pool_max_idle_per_host` per
-    /// upstream URL and per Partner pool), whichever is larger; per HTTP/2 Partner, one
-    /// per upstream URL and per Partner pool. Each worker thread has its own Partner
-    /// pools with `runtime.scheduler = "per_core"` ([`Config::partner_pools`]).
+    /// `upstream.max_connections`.
     pub partners: u64,
-    /// Partners without `limits.max_in_flight`, whose connections only the Leaders'
-    /// requests bound (counted at their idle pools).
-    pub unbounded: Vec<String>,
 }
 
 impl FdNeed {
@@ -86,42 +92,22 @@ impl FdNeed {
 
 /// The descriptors `cfg` may need.
 pub(crate) fn need(cfg: &Config) -> FdNeed {
-    let idle = cfg.upstream.pool_max_idle_per_host as u64;
-    let pools = cfg.partner_pools() as u64;
-    let mut need = FdNeed {
+    FdNeed {
         leaders: cfg.listener.max_connections as u64,
-        partners: 0,
-        unbounded: Vec::new(),
-    };
-    for p in &cfg.partners {
-        if p.http2 {
-            // One multiplexed connection per upstream URL in each pool.
-            need.partners += p.upstreams.len() as u64 * pools;
-            continue;
-        }
-        let idle = idle * p.upstreams.len() as u64 * pools;
-        match p.max_in_flight {
-            Some(n) => need.partners += (n as u64).max(idle),
-            None => {
-                need.partners += idle;
-                need.unbounded.push(p.name.clone());
-            }
-        }
+        partners: cfg.upstream.max_connections as u64,
     }
-    need
 }
 
-/// Whether `need` fits under `limit`; the error names the settings to change.
+/// Whether `need` fits under `limit`; the error names the settings that make the sum.
 pub(crate) fn check(need: &FdNeed, limit: &NofileLimit) -> Result<(), String> {
     if need.total() <= limit.soft {
         return Ok(());
     }
     Err(format!(
         "the open-file limit is {} (hard limit {}), but listener.max_connections ({}) plus \
-         the Partners' connections ([partner.limits] max_in_flight, else \
-         upstream.pool_max_idle_per_host: {}) plus {} reserved need {}: lower \
-         listener.max_connections or max_in_flight, or raise the hard limit (ulimit -Hn, \
-         systemd LimitNOFILE=, docker --ulimit nofile=)",
+         upstream.max_connections ({}) plus {} reserved need {}: lower \
+         listener.max_connections or upstream.max_connections, or raise the hard limit \
+         (ulimit -Hn, systemd LimitNOFILE=, docker --ulimit nofile=)",
         limit.soft,
         limit.hard,
         need.leaders,
@@ -149,59 +135,48 @@ mod tests {
         format!("{}{extra}\n", P.replace("{n}", n))
     }
 
-    /// Per-core workers each keep their own Partner pools: idle HTTP/1.1 connections and
-    /// HTTP/2 connections count once per worker; `max_in_flight` stays one bound.
+    /// Issue 38: the need does not grow with the Partners (10,000 on one origin, with
+    /// the defaults, fit under 20,000 open files), and the refusal names the settings
+    /// that make the sum, not `max_in_flight`, which cannot change it.
     #[test]
-    fn need_counts_a_partner_pool_per_worker() {
-        let partners = format!(
-            "{}{}{}",
-            partner("a", "[partner.limits]\nmax_in_flight = 500"),
-            partner("c", ""),
-            partner("d", "http2 = true")
-        );
-        let upstream = "[upstream]\npool_max_idle_per_host = 8";
-        let per_core = config(
-            &format!("max_connections = 10\n[runtime]\nworker_threads = 4\n{upstream}"),
-            &partners,
-        );
-        assert_eq!(need(&per_core).partners, 500 + 8 * 4 + 4);
-        let shared = config(
-            &format!(
-                "max_connections = 10\n[runtime]\nworker_threads = 4\nscheduler = \"shared\"\n{upstream}"
-            ),
-            &partners,
-        );
-        assert_eq!(need(&shared).partners, 500 + 8 + 1);
-    }
-
-    #[test]
-    fn need_counts_leaders_partners_and_names_unbounded_ones() {
-        let cfg = config(
-            "max_connections = 1000\n[runtime]\nworker_threads = 1\n[upstream]\npool_max_idle_per_host = 8",
-            &format!(
-                "{}{}{}{}",
-                partner("a", "[partner.limits]\nmax_in_flight = 500"),
-                partner("b", "[partner.limits]\nmax_in_flight = 4"),
-                partner("c", ""),
-                partner("d", "http2 = true")
-            ),
-        );
+    fn need_is_the_two_connection_bounds_whatever_the_partners() {
+        let mut fleet = String::new();
+        for n in 0..10_000 {
+            fleet.push_str(&partner(
+                &n.to_string(),
+                "[partner.limits]\nmax_in_flight = 500",
+            ));
+        }
+        let cfg = config("", &fleet);
         let n = need(&cfg);
-        assert_eq!(n.leaders, 1000);
-        assert_eq!(n.partners, 500 + 8 + 8 + 1);
-        assert_eq!(n.unbounded, vec!["c".to_owned()]);
-        assert_eq!(n.total(), 1000 + 517 + RESERVED);
-        let fits = NofileLimit {
+        assert_eq!(
+            n,
+            FdNeed {
+                leaders: 10_000,
+                partners: 4096
+            }
+        );
+        assert_eq!(n.total(), 10_000 + 4096 + RESERVED);
+        let limit = NofileLimit {
             soft_before: 1024,
-            soft: 2000,
-            hard: 2000,
+            soft: 20_000,
+            hard: 20_000,
         };
-        assert!(check(&n, &fits).is_ok());
-        let short = NofileLimit { soft: 1024, ..fits };
-        let e = check(&n, &short).unwrap_err();
+        assert!(check(&n, &limit).is_ok());
+        let small = config(
+            "max_connections = 1000\n[upstream]\nmax_connections = 500",
+            &partner("a", ""),
+        );
+        assert_eq!(need(&small).total(), 1564);
+        let short = NofileLimit {
+            soft: 1024,
+            ..limit
+        };
+        let e = check(&need(&small), &short).unwrap_err();
         assert!(e.contains("listener.max_connections (1000)"), "{e}");
-        assert!(e.contains("max_in_flight"), "{e}");
-        assert!(e.contains("need 1581"), "{e}");
+        assert!(e.contains("upstream.max_connections (500)"), "{e}");
+        assert!(e.contains("need 1564"), "{e}");
+        assert!(!e.contains("max_in_flight"), "{e}");
     }
 
     #[test]

@@ -3,9 +3,18 @@
 //! atomic load); a connection keeps only its TLS session and identity.
 //!
 //! What must survive a reload lives in [`Stores`] or is carried from the previous
-//! snapshot: the replay buffer, task owners, metrics, open-stream counts, each Partner's
-//! in-flight count (by name), and the state of every unchanged quota.
+//! snapshot, each by a lookup on its key (a reload's cost grows with the number of
+//! Partners, never with its square): the replay buffer, task owners, metrics,
+//! open-stream counts, each Partner's in-flight count (by name), every origin's pool of
+//! Partner connections (by origin, see `upstream::origin`) and the budget they share,
+//! and the state of every unchanged quota.
+//!
+//! A snapshot lives as long as something uses it: the `ArcSwap` holds the current one,
+//! and each request its own from its start to its end (connections and the accept loop
+//! keep none). A replaced snapshot goes with the last request that loaded it, and with it
+//! the pools of origins the new config no longer names, their connections closed.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -21,6 +30,7 @@ use crate::routing::{Partner, Router};
 use crate::sse::memory::MemoryStore;
 use crate::sse::replay::ReplayStore;
 use crate::tls::{self, ServerTls};
+use crate::upstream::origin::{Origins, OriginsBuilder};
 use crate::upstream::UpstreamPool;
 
 /// Everything derived from one config.
@@ -45,6 +55,8 @@ pub struct Snapshot {
     pub closing: Arc<tokio::sync::watch::Sender<bool>>,
     /// Shared state through Redis (`None`: one instance, `[cluster] mode = "local"`).
     pub cluster: Option<Arc<Cluster>>,
+    /// The Partners' origins (their connection pools) and the budget they share.
+    pub(crate) origins: Origins,
 }
 
 /// State that outlives a config snapshot.
@@ -78,18 +90,24 @@ impl Snapshot {
         };
         let tls = tls::build_server(&config.listener, rules)?;
         let mut partners = Vec::with_capacity(config.partners.len());
+        let mut origins = OriginsBuilder::new(
+            &config.upstream,
+            &config.aic_domain_suffix,
+            config.partner_pools(),
+            previous.map(|prev| &prev.origins),
+        );
+        // The previous Partners by name: each found by a lookup, not a search.
+        let before: HashMap<&str, &Arc<Partner>> = previous
+            .map(|prev| {
+                let all = prev.router.partners();
+                all.iter().map(|p| (p.config.name.as_str(), p)).collect()
+            })
+            .unwrap_or_default();
         for p in &config.partners {
-            let pool = UpstreamPool::new(
-                p,
-                &config.upstream,
-                &config.aic_domain_suffix,
-                config.partner_pools(),
-            )
-            .with_context(|| format!("partner {}", p.name))?;
+            let pool = UpstreamPool::on(p, &config.upstream, &mut origins)
+                .with_context(|| format!("partner {}", p.name))?;
             // The same Partner (by name) keeps counting the requests it has in flight.
-            let in_flight = previous
-                .and_then(|prev| prev.router.partner(&p.name))
-                .map(|old| old.in_flight.clone());
+            let in_flight = before.get(p.name.as_str()).map(|old| old.in_flight.clone());
             let in_flight = match in_flight {
                 Some(f) => {
                     f.set_max(p.max_in_flight);
@@ -121,6 +139,7 @@ impl Snapshot {
             .rebind_partners(&config.partner_metrics, names);
         record_cert_expiry(&stores.metrics, &config);
         Ok(Snapshot {
+            origins: origins.finish(),
             tls,
             router: Router::new(partners),
             limiter,
@@ -172,8 +191,10 @@ impl Gateway {
     /// limits) built beside the old one and swapped in at once. The next request on every
     /// connection uses it; a request already forwarded finishes as it started. The replay
     /// buffer, task owners, metrics, stream and in-flight counts carry over, and so does
-    /// the state of every quota whose settings did not change. On error the old snapshot
-    /// stays.
+    /// the state of every quota whose settings did not change, and each origin's pool of
+    /// Partner connections the new config still names. On error the old snapshot stays.
+    /// The open-file check is the caller's (`reload::reload_now` makes it, as `aipgw
+    /// check` and `aipgw run` do).
     pub fn replace(&self, config: Config) -> anyhow::Result<()> {
         let old = self.snapshot();
         if config.cluster != old.config.cluster {

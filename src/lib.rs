@@ -52,7 +52,9 @@
 //! - `routing`: the Partner table: host + path -> Partner and method.
 //! - `upstream`: clients to Partners: the gateway's own HTTP/1.1 client (`wire`: the bytes;
 //!   `conn`, `idle`: connections and those kept between requests; `h1`: a request on its
-//!   own task) and hyper's for HTTP/2 Partners; timeouts and failures named.
+//!   own task) and hyper's for HTTP/2 Partners (`h2`); one pool per origin, shared by the
+//!   Partners there (`origin`), every connection within one budget (`budget`:
+//!   `upstream.max_connections`); timeouts and failures named.
 //! - `answer`: a Partner's answer judged: relayed, or `upstream_bad_response`.
 //! - [`layers`]: the request path as tower layers over an `Exchange`, tying the above
 //!   together; `layers::streams` serves the `stream` method (buffered relay,
@@ -76,7 +78,8 @@
 //! - `upkeep`: one timer sweeping idle limiter entries, expired replay records and
 //!   task owners (run by `background`).
 //! - [`error`]: the one error type and its mapping.
-//! - `fdlimit`: the open-file limit raised at start and checked against the bounds.
+//! - `fdlimit`: the open-file limit raised and checked against the bounds: one check for
+//!   `check`, `run` and every reload.
 //! - `devcerts`: development certificate generation (rcgen); `dev` feature.
 //! - `demo`: a demo Partner implementing the AIP task state machine; `dev` feature.
 //! - [`cli`]: the command line and what each command does (`src/main.rs` only picks the

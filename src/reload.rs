@@ -11,7 +11,9 @@
 //! a burst of writes is one check. A check reloads only when the content of a named file
 //! actually changed (a SHA-256 of each is kept); SIGHUP always reloads.
 //!
-//! A reload keeps quota, in-flight and stream state (see `Gateway::replace`).
+//! A reload keeps quota, in-flight and stream state (see `Gateway::replace`), and is
+//! refused when the new config's bounds do not fit under the open-file limit: the same
+//! check as `aipgw check` and `aipgw run` (`crate::fdlimit::ensure`).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -23,19 +25,27 @@ use notify::{RecursiveMode, Watcher};
 use crate::config::Config;
 use crate::gateway::Gateway;
 
-/// Loads `path` and swaps it in; logs the outcome.
+/// Loads `path`, makes the open-file check `aipgw check` and `aipgw run` make
+/// (`fdlimit::ensure`), and swaps it in; logs the outcome. A config over the open-file
+/// limit is refused (`config_reloads_total{result="over_budget"}`) and the old one stays.
 pub fn reload_now(gateway: &Gateway, path: &Path) -> anyhow::Result<()> {
-    // `replace` counts its own outcome; a config that does not even load is counted here.
+    let count = |result| {
+        let labels = crate::metrics::ResultLabels { result };
+        let metrics = gateway.snapshot().metrics.clone();
+        metrics.config_reloads.get_or_create(&labels).inc();
+    };
+    // `replace` counts its own outcome; a config that does not even load, or does not fit
+    // under the open-file limit, is counted here.
     let result = match Config::load(path) {
-        Ok(cfg) => gateway.replace(cfg),
+        Ok(cfg) => match crate::fdlimit::ensure(&cfg) {
+            Ok(_) => gateway.replace(cfg),
+            Err(e) => {
+                count("over_budget");
+                Err(e.into())
+            }
+        },
         Err(e) => {
-            let labels = crate::metrics::ResultLabels { result: "failed" };
-            gateway
-                .snapshot()
-                .metrics
-                .config_reloads
-                .get_or_create(&labels)
-                .inc();
+            count("failed");
             Err(e)
         }
     };

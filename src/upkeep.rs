@@ -1,7 +1,8 @@
 //! One timer for the state that would otherwise shrink only when traffic touches it:
 //! idle per-AIC limiter entries (every `ratelimit.sweep_interval`), and finished replay
-//! records past `replay.retention`, expired task owners and idle Partner connections past
-//! `upstream.pool_idle_timeout` or closed by the Partner (every `replay.sweep_interval`).
+//! records past `replay.retention`, expired task owners and idle Partner connections (per
+//! origin) past `upstream.pool_idle_timeout` or closed by the Partner (every
+//! `replay.sweep_interval`).
 //! Without it, a gateway that goes quiet keeps whatever the last burst left behind. After
 //! each sweep it hands its thread's allocation cache back (what it freed would stay
 //! cached there otherwise); the per-core workers do the same on their own timer.
@@ -32,8 +33,8 @@ pub(crate) async fn run(gateway: Arc<Gateway>) {
         if now >= next_replay {
             snap.replay.sweep();
             snap.tasks.sweep();
-            for partner in snap.router.partners() {
-                partner.pool.sweep();
+            for origin in snap.origins.all() {
+                origin.sweep();
             }
             replay_at = now;
         }

@@ -244,3 +244,118 @@ fn run_refuses_bounds_the_open_file_limit_cannot_hold() {
     assert!(text.contains("open-file limit is 300"), "{text}");
     assert!(text.contains("listener.max_connections (10000)"), "{text}");
 }
+
+/// `sh -c` running the binary with `args` under an open-file limit of `n` (soft and
+/// hard); the exit code and what it wrote.
+fn aipgw_limited(n: u32, args: &str) -> (i32, String) {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -Sn {n} && ulimit -Hn {n} && exec \"$0\" {args}"
+        ))
+        .arg(env!("CARGO_BIN_EXE_aipgw"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// Issue 38: `check` makes the open-file check `run` makes, and they agree: over the
+/// limit both refuse with the same numbers, naming the settings that make the sum.
+#[test]
+fn check_and_run_agree_on_the_open_file_budget() {
+    let config = "--config config/aipgw.toml";
+    let (check, said) = aipgw_limited(3000, &format!("check {config}"));
+    let (run, ran) = aipgw_limited(3000, &format!("run {config}"));
+    assert_eq!((check, run), (1, 1), "check: {said}\nrun: {ran}");
+    let refusal = "the open-file limit is 3000 (hard limit 3000), but listener.max_connections (10000) plus upstream.max_connections (4096) plus 64 reserved need 14160";
+    assert!(said.contains(refusal), "{said}");
+    assert!(ran.contains(refusal), "{ran}");
+    assert!(!ran.contains("max_in_flight"), "{ran}");
+    let (check, said) = aipgw_limited(20_000, &format!("check {config}"));
+    assert_eq!(check, 0, "{said}");
+    assert!(said.contains("14160 needed, limit 20000"), "{said}");
+}
+
+/// Issue 38: with the defaults, 10,000 Partners on one origin start on an open-file
+/// limit of 20,000 (`check` says so and `run` serves), not 156 Partners at most.
+#[cfg(unix)]
+#[test]
+#[expect(
+    clippy::disallowed_methods,
+    reason = "drives a child process from a plain thread: the wall clock is the clock"
+)]
+fn ten_thousand_partners_start_on_twenty_thousand_files() {
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+    };
+    let (main, admin) = (free(), free());
+    let dir = tempfile::tempdir().unwrap();
+    let config = demo_config_in(dir.path(), |t| {
+        let mut t = t
+            .replace("127.0.0.1:18443", &main.to_string())
+            .replace("127.0.0.1:19901", &admin.to_string())
+            + "\n[reload]\nwatch = false\n";
+        for n in 0..10_000 {
+            t.push_str(&format!(
+                "[[partner]]\nname = \"p{n}\"\nprefix = \"/p{n}\"\nupstreams = [\"http://127.0.0.1:19021\"]\n"
+            ));
+        }
+        t
+    });
+    let config = config.to_str().unwrap();
+    let (code, out) = aipgw_limited(20_000, &format!("check --config {config}"));
+    assert_eq!(code, 0, "{out}");
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -Sn 20000 && ulimit -Hn 20000 && exec \"$0\" run --config {config}"
+        ))
+        .arg(env!("CARGO_BIN_EXE_aipgw"))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ready = || -> bool {
+        let Ok(mut s) = std::net::TcpStream::connect(admin) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+        let asked = write!(
+            s,
+            "GET /readyz HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n"
+        );
+        let mut out = String::new();
+        asked.is_ok() && s.read_to_string(&mut out).is_ok() && out.starts_with("HTTP/1.1 200")
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !ready() {
+        if let Ok(Some(status)) = child.try_wait() {
+            let mut err = String::new();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            panic!("aipgw exited: {status}\n{err}");
+        }
+        assert!(Instant::now() < deadline, "not ready in time");
+        std::thread::yield_now();
+    }
+    let term = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}

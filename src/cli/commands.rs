@@ -146,7 +146,7 @@ async fn dispatch(
                 let at_load = at_load.unwrap_or_default().and_named(&p, &cfg);
                 (p, cfg.reload_watch, cfg.reload_debounce, at_load)
             });
-            crate::fdlimit::ensure(&cfg).map_err(failed)?;
+            open_files(&cfg)?;
             let gateway = crate::Gateway::new(cfg).map_err(usage)?;
             shared_store(&gateway, false).await.map_err(usage)?;
             let listener = TcpListener::bind(bind)
@@ -181,9 +181,17 @@ async fn dispatch(
         }
         Command::Check { config } => {
             let cfg = Config::load(&config).map_err(failed)?;
+            // The open-file check `run` and a reload make, with what `run` would raise
+            // the limit to.
+            let limit = open_files(&cfg)?;
+            let need = crate::fdlimit::need(&cfg).total();
             let gateway = crate::Gateway::new(cfg).map_err(failed)?;
             shared_store(&gateway, true).await.map_err(failed)?;
-            println!("{}: ok", config.display());
+            println!(
+                "{}: ok (open files: {need} needed, limit {})",
+                config.display(),
+                limit.soft
+            );
             Ok(())
         }
         Command::InspectCert { file, config } => {
@@ -251,6 +259,25 @@ async fn shared_store(gateway: &crate::Gateway, print: bool) -> anyhow::Result<(
         }
     }
     Ok(())
+}
+
+/// The open-file check (`crate::fdlimit::ensure`, the same for `check`, `run` and a
+/// reload), the limit it found logged either way.
+fn open_files(cfg: &Config) -> Result<crate::fdlimit::NofileLimit, Failure> {
+    let checked = crate::fdlimit::ensure(cfg);
+    let limit = match &checked {
+        Ok(l) => Some(*l),
+        Err(e) => e.limit,
+    };
+    if let Some(l) = limit {
+        tracing::info!(
+            soft_before = l.soft_before,
+            soft = l.soft,
+            hard = l.hard,
+            "open-file limit"
+        );
+    }
+    checked.map_err(|e| failed(e.into()))
 }
 
 /// Completes on Ctrl-C or SIGTERM.

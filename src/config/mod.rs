@@ -140,7 +140,7 @@ pub struct ListenerConfig {
 }
 
 /// `[upstream]`, validated. Field meanings and defaults: see [`raw::RawUpstream`].
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct UpstreamConfig {
     /// Time to open a TCP (and TLS) connection to a Partner.
     pub connect_timeout: Duration,
@@ -165,6 +165,9 @@ pub struct UpstreamConfig {
     /// HTTP/1.1 Partners: the longest response head (status line and fields) read; a
     /// longer one is answered `502` (`upstream_protocol`).
     pub max_response_head_bytes: usize,
+    /// Partner connections open at once, for the whole gateway (HTTP/1.1 busy or idle,
+    /// and HTTP/2): what the open-file check counts for them.
+    pub max_connections: usize,
 }
 
 /// `[policy.tasks]`, validated.

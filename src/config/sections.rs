@@ -102,11 +102,13 @@ impl TryFrom<&raw::RawUpstream> for UpstreamConfig {
         if u.max_response_head_bytes < 1024 {
             bail!("upstream.max_response_head_bytes: must be at least 1024");
         }
+        at_least_one("upstream.max_connections", u.max_connections)?;
         Ok(UpstreamConfig {
             connect_timeout: u.connect_timeout,
             response_timeout: u.response_timeout,
             pool_idle_timeout: u.pool_idle_timeout,
             pool_max_idle_per_host: u.pool_max_idle_per_host,
+            max_connections: u.max_connections,
             body_idle_timeout: u.body_idle_timeout,
             max_error_body_bytes: u.max_error_body_bytes,
             http2_connection_window: u.http2_connection_window,

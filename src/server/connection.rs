@@ -24,11 +24,13 @@ pub(super) async fn serve_connection(
         per_ip: _per_ip,
         idle: idle_conns,
     } = slots;
-    // The snapshot of the accept: TLS settings for this handshake and the connection's
-    // timeouts. Requests use the snapshot current when they arrive.
+    // The snapshot current at the accept gives this handshake its TLS settings and the
+    // connection its identity (judged with the very trust settings the handshake used)
+    // and its timeouts; then it is let go, so a connection never keeps a snapshot a
+    // reload has replaced. Requests load the snapshot current when they arrive.
     let snap = gateway.snapshot();
-    let l = &snap.config.listener;
     let metrics = snap.metrics.clone();
+    let l = ConnSettings::of(&snap.config.listener);
     let _open = counted_open(&metrics);
     let _ = tcp.set_nodelay(true);
     let Some(tls) = handshake(tcp, peer, &snap).await else {
@@ -38,6 +40,7 @@ pub(super) async fn serve_connection(
     let (_, session) = tls.get_ref();
     let h2 = session.alpn_protocol() == Some(b"h2".as_slice());
     let conn = Arc::new(ConnInfo::accepted(peer, session, &snap));
+    drop(snap);
     let aic = match conn.identity.last() {
         ConnAuth::Verified(id) => Some(id.aic),
         _ => None,
@@ -45,7 +48,7 @@ pub(super) async fn serve_connection(
     let verified = aic.is_some();
     let activity = Arc::new(Activity::new(verified));
     let _registered = idle_conns.register(&activity);
-    let bounds = Bounds::for_connection(l, verified);
+    let bounds = Bounds::for_connection(&l, verified);
     // The request path (`crate::layers`), built once for this connection, ending in
     // the Partner call.
     let stack = layers::stack(gateway, conn.clone());
@@ -249,6 +252,29 @@ pub(super) fn protocol_error(e: &hyper::Error) -> Option<&'static str> {
     None
 }
 
+/// What a connection needs of `[listener]` for its whole life, copied out of the
+/// snapshot of its accept so that it does not keep that snapshot.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ConnSettings {
+    idle_timeout: Duration,
+    unverified_idle_timeout: Duration,
+    header_read_timeout: Duration,
+    http2_max_concurrent_streams: u32,
+    http2_keepalive_timeout: Duration,
+}
+
+impl ConnSettings {
+    fn of(l: &crate::config::ListenerConfig) -> ConnSettings {
+        ConnSettings {
+            idle_timeout: l.idle_timeout,
+            unverified_idle_timeout: l.unverified_idle_timeout,
+            header_read_timeout: l.header_read_timeout,
+            http2_max_concurrent_streams: l.http2_max_concurrent_streams,
+            http2_keepalive_timeout: l.http2_keepalive_timeout,
+        }
+    }
+}
+
 /// A connection's bounds for [`drive`].
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Bounds {
@@ -264,7 +290,7 @@ pub(super) struct Bounds {
 impl Bounds {
     /// A connection without a verified AIC has nothing to do but be refused: it may stay
     /// idle only briefly, and after a refusal's answer it is closed.
-    fn for_connection(l: &crate::config::ListenerConfig, verified: bool) -> Bounds {
+    fn for_connection(l: &ConnSettings, verified: bool) -> Bounds {
         Bounds {
             idle: if verified {
                 l.idle_timeout

@@ -101,17 +101,19 @@ pub async fn listen(
     shutdown: impl Future<Output = ()>,
     workers: Option<Arc<Workers>>,
 ) -> anyhow::Result<()> {
-    let snap = gateway.snapshot();
-    let max = snap.config.listener.max_connections;
-    let drain_timeout = snap.config.listener.drain_timeout;
+    // The listener's bounds, read at start; the snapshot itself is not kept (a reload
+    // replaces it, and the one replaced must be free to go).
+    let l = gateway.snapshot().config.listener.clone();
+    let (max, drain_timeout) = (l.max_connections, l.drain_timeout);
     let permits = Arc::new(Semaphore::new(max));
     // Connections still in their TLS handshake, per source address. Each holds a
     // `max_connections` permit for up to `handshake_timeout`: without this bound one host
     // opening idle sockets could hold every permit. Over it, a connection is closed at once.
-    let handshakes = KeyedCounts::<IpAddr>::new(Some(snap.config.listener.max_handshakes_per_ip));
+    let handshakes = KeyedCounts::<IpAddr>::new(Some(l.max_handshakes_per_ip));
     // Connections open per source address, for their whole life: without this bound one
     // host opening connections one at a time (each past its handshake) could hold them all.
-    let per_ip = KeyedCounts::<IpAddr>::new(Some(snap.config.listener.max_connections_per_ip));
+    let per_ip = KeyedCounts::<IpAddr>::new(Some(l.max_connections_per_ip));
+    drop(l);
     // Connections past their handshake, so that a full listener can close an idle one.
     let idle = Arc::new(IdleConns::new(workers.as_ref().map_or(1, |w| w.len())));
     let (drain_tx, drain_rx) = watch::channel(false);

@@ -20,6 +20,7 @@ use tokio::time::Instant;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
+use super::budget::{Budget, BudgetFull, Slot};
 use crate::timers::{Deadline, TimedOut};
 
 /// Bytes read from the socket at once (a stack buffer, not kept).
@@ -83,6 +84,8 @@ pub(crate) enum ConnectError {
     Timeout(Duration),
     #[error("TLS handshake with the Partner failed: {0}")]
     Tls(#[source] io::Error),
+    #[error(transparent)]
+    Budget(#[from] BudgetFull),
 }
 
 pub(crate) enum Io {
@@ -90,22 +93,26 @@ pub(crate) enum Io {
     Tls(Box<TlsStream<TcpStream>>),
 }
 
-/// A connection, the bytes read from it that no response has taken yet, and the timer that
-/// bounds each request it carries (moved to each request's deadline, not made anew).
+/// A connection, the bytes read from it that no response has taken yet, the timer that
+/// bounds each request it carries (moved to each request's deadline, not made anew), and
+/// its place in the budget of Partner connections.
 pub(crate) struct Conn {
     io: Io,
     pub(crate) buf: BytesMut,
     deadline: Deadline,
+    _slot: Slot,
 }
 
 impl Conn {
-    /// Connects (TCP within `connect_timeout`, then the TLS handshake if any), for a
-    /// request due by `deadline`.
+    /// Connects (a slot of `budget` and the TCP connection, each within
+    /// `connect_timeout`, then the TLS handshake if any), for a request due by `deadline`.
     pub(crate) async fn open(
         to: &Endpoint,
+        budget: &Arc<Budget>,
         connect_timeout: Duration,
         deadline: Instant,
     ) -> Result<Conn, ConnectError> {
+        let slot = budget.acquire(connect_timeout).await?;
         let tcp = tokio::time::timeout(
             connect_timeout,
             TcpStream::connect((to.host.as_str(), to.port)),
@@ -127,6 +134,7 @@ impl Conn {
             io,
             buf: BytesMut::new(),
             deadline: Deadline::new(deadline),
+            _slot: slot,
         })
     }
 

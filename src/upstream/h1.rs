@@ -16,12 +16,13 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response, Uri};
+use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 
 use tokio::time::Instant;
 
+use super::budget::Budget;
 use super::conn::{Conn, ConnectError, Endpoint};
 use super::idle::Idle;
 use super::wire::{encode_head, parse_head, Decoded, Decoder, Parsed, Truncated, WireError};
@@ -43,8 +44,6 @@ pub(crate) enum H1Error {
     ClosedBeforeHead,
     #[error(transparent)]
     Wire(#[from] WireError),
-    #[error("{0} is not one of the Partner's upstreams")]
-    NoUpstream(Uri),
     #[error("the Partner's response head did not arrive in time")]
     TimedOut,
 }
@@ -55,37 +54,35 @@ impl From<TimedOut> for H1Error {
     }
 }
 
-/// One Partner's HTTP/1.1 client: its upstreams and their idle connections.
+/// The HTTP/1.1 client to one origin (shared by every Partner there): where it
+/// connects, its idle connections, and the budget each connection takes a slot of.
 pub(crate) struct H1Client {
-    endpoints: Vec<(Uri, Endpoint)>,
+    endpoint: Endpoint,
     idle: Arc<Idle>,
+    budget: Arc<Budget>,
     connect_timeout: Duration,
     max_head: usize,
 }
 
 impl H1Client {
     pub(crate) fn new(
-        endpoints: Vec<(Uri, Endpoint)>,
-        idle: Idle,
+        endpoint: Endpoint,
+        idle: Arc<Idle>,
+        budget: Arc<Budget>,
         connect_timeout: Duration,
         max_head: usize,
     ) -> H1Client {
         H1Client {
-            endpoints,
-            idle: Arc::new(idle),
+            endpoint,
+            idle,
+            budget,
             connect_timeout,
             max_head,
         }
     }
 
-    pub(crate) fn idle(&self) -> &Idle {
+    pub(crate) fn idle(&self) -> &Arc<Idle> {
         &self.idle
-    }
-
-    fn upstream(&self, uri: &Uri) -> Option<usize> {
-        self.endpoints
-            .iter()
-            .position(|(u, _)| u.scheme() == uri.scheme() && u.authority() == uri.authority())
     }
 
     /// Sends a request, yielding the response once its head is read, all by `deadline`
@@ -100,10 +97,7 @@ impl H1Client {
             Some(Ok(frame)) => frame.into_data().unwrap_or_default(),
             _ => Bytes::new(),
         };
-        let upstream = self
-            .upstream(&parts.uri)
-            .ok_or_else(|| H1Error::NoUpstream(parts.uri.clone()))?;
-        let to = &self.endpoints[upstream].1;
+        let to = &self.endpoint;
         let worker = crate::workers::slot(self.idle.workers());
         let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let join = body.len() <= JOIN_BODY;
@@ -124,7 +118,7 @@ impl H1Client {
             &body
         };
         // A failed write on a reused connection: the Partner closed it while it was idle.
-        let reused = match self.idle.take(worker, upstream) {
+        let reused = match self.idle.take(worker) {
             Some(mut conn) => {
                 conn.due(deadline);
                 conn.write(&head, rest).await?.is_ok().then_some(conn)
@@ -134,7 +128,7 @@ impl H1Client {
         let mut conn = match reused {
             Some(conn) => conn,
             None => {
-                let open = Conn::open(to, self.connect_timeout, deadline);
+                let open = Conn::open(to, &self.budget, self.connect_timeout, deadline);
                 let mut conn = tokio::time::timeout_at(deadline, open)
                     .await
                     .map_err(|_| H1Error::TimedOut)??;
@@ -160,7 +154,7 @@ impl H1Client {
             conn: Some(conn),
             decoder: Decoder::new(head.framing),
             keep_alive: head.keep_alive,
-            home: (self.idle.clone(), worker, upstream),
+            home: (self.idle.clone(), worker),
         };
         if body.decoder.is_done() {
             body.finish();
@@ -200,8 +194,8 @@ pub(crate) struct H1Body {
     conn: Option<Conn>,
     decoder: Decoder,
     keep_alive: bool,
-    /// Where the connection goes back: the idle set, the worker, the upstream.
-    home: (Arc<Idle>, usize, usize),
+    /// Where the connection goes back: the idle set and the worker.
+    home: (Arc<Idle>, usize),
 }
 
 impl H1Body {
@@ -209,8 +203,8 @@ impl H1Body {
     fn finish(&mut self) {
         if let Some(conn) = self.conn.take() {
             if self.keep_alive && conn.buf.is_empty() {
-                let (idle, worker, upstream) = &self.home;
-                idle.put(*worker, *upstream, conn);
+                let (idle, worker) = &self.home;
+                idle.put(*worker, conn);
             }
         }
     }

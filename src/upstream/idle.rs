@@ -1,36 +1,42 @@
-//! Idle HTTP/1.1 connections to a Partner's upstreams, kept for the next request: one set
-//! per worker thread (a connection stays with the worker whose tasks drive it), at most
-//! `upstream.pool_max_idle_per_host` per upstream URL, each for at most
-//! `upstream.pool_idle_timeout`. The newest is taken first (the one least likely to
-//! have been closed by the Partner); expired ones are dropped when met and by
-//! [`Idle::sweep`] (the upkeep timer), which also drops those the Partner has closed.
+//! Idle HTTP/1.1 connections to one origin, kept for the next request: one set per worker
+//! thread (a connection stays with the worker whose tasks drive it), at most
+//! `upstream.pool_max_idle_per_host` per worker (less when the origin's fair share of
+//! `upstream.max_connections` is smaller: set where the origins are built), each for at most
+//! `upstream.pool_idle_timeout`. The newest is taken first (the one least likely to have
+//! been closed by the Partner); expired ones are dropped when met and by [`Idle::sweep`]
+//! (the upkeep timer), which also drops those the Partner has closed; a full
+//! [`super::budget::Budget`] closes the oldest ([`Evict`]).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::budget::Evict;
 use super::conn::Conn;
 
-/// One worker's idle connections, per upstream URL: each with when it became idle,
-/// oldest first.
-type WorkerSet = Vec<VecDeque<(Conn, Instant)>>;
+/// One worker's idle connections, each with when it became idle, oldest first.
+type WorkerSet = VecDeque<(Conn, Instant)>;
 
 pub(crate) struct Idle {
     sets: Box<[Mutex<WorkerSet>]>,
-    max_per_upstream: usize,
+    max_per_worker: AtomicUsize,
     timeout: Duration,
+    /// Kept in all sets (for the budget's choice, without taking every lock).
+    kept: AtomicUsize,
 }
 
 impl Idle {
-    pub(crate) fn new(workers: usize, upstreams: usize, max: usize, timeout: Duration) -> Idle {
+    pub(crate) fn new(workers: usize, max: usize, timeout: Duration) -> Idle {
         Idle {
             sets: (0..workers.max(1))
-                .map(|_| Mutex::new((0..upstreams).map(|_| VecDeque::new()).collect()))
+                .map(|_| Mutex::new(VecDeque::new()))
                 .collect(),
-            max_per_upstream: max,
+            max_per_worker: AtomicUsize::new(max),
             timeout,
+            kept: AtomicUsize::new(0),
         }
     }
 
@@ -38,14 +44,31 @@ impl Idle {
         self.sets.len()
     }
 
-    /// An idle connection to `upstream` on `worker` that can carry a request, if any.
-    pub(crate) fn take(&self, worker: usize, upstream: usize) -> Option<Conn> {
+    /// At most `max` idle connections per worker from now on (the excess goes as it is
+    /// met).
+    pub(crate) fn set_max(&self, max: usize) {
+        self.max_per_worker.store(max, Ordering::Relaxed);
+    }
+
+    /// The bound per worker.
+    #[cfg(test)]
+    pub(crate) fn max(&self) -> usize {
+        self.max_per_worker.load(Ordering::Relaxed)
+    }
+
+    fn lock(&self, worker: usize) -> std::sync::MutexGuard<'_, WorkerSet> {
+        self.sets[worker].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// An idle connection on `worker` that can carry a request, if any.
+    pub(crate) fn take(&self, worker: usize) -> Option<Conn> {
         let now = Instant::now();
-        let mut set = self.sets[worker].lock().unwrap_or_else(|p| p.into_inner());
-        let list = &mut set[upstream];
+        let mut list = self.lock(worker);
         while let Some((conn, since)) = list.pop_back() {
+            self.kept.fetch_sub(1, Ordering::Relaxed);
             if now.duration_since(since) >= self.timeout {
                 // This one and every older one have expired.
+                self.kept.fetch_sub(list.len(), Ordering::Relaxed);
                 list.clear();
                 return None;
             }
@@ -57,15 +80,17 @@ impl Idle {
     }
 
     /// Keeps a connection whose last response was read to its end.
-    pub(crate) fn put(&self, worker: usize, upstream: usize, conn: Conn) {
-        if self.max_per_upstream == 0 || self.timeout.is_zero() {
+    pub(crate) fn put(&self, worker: usize, conn: Conn) {
+        let max = self.max_per_worker.load(Ordering::Relaxed);
+        if max == 0 || self.timeout.is_zero() {
             return;
         }
-        let mut set = self.sets[worker].lock().unwrap_or_else(|p| p.into_inner());
-        let list = &mut set[upstream];
+        let mut list = self.lock(worker);
         list.push_back((conn, Instant::now()));
-        if list.len() > self.max_per_upstream {
+        self.kept.fetch_add(1, Ordering::Relaxed);
+        while list.len() > max {
             list.pop_front();
+            self.kept.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
@@ -77,26 +102,46 @@ impl Idle {
     /// [`Idle::sweep`] as of `now` (tests pass a later time instead of waiting for it).
     pub(super) fn sweep_at(&self, now: Instant) -> usize {
         let mut kept = 0;
-        for set in self.sets.iter() {
-            let mut set = set.lock().unwrap_or_else(|p| p.into_inner());
-            for list in set.iter_mut() {
-                list.retain(|(conn, since)| {
-                    now.duration_since(*since) < self.timeout && conn.reusable()
-                });
-                kept += list.len();
-            }
+        for w in 0..self.sets.len() {
+            let mut list = self.lock(w);
+            let before = list.len();
+            list.retain(|(conn, since)| {
+                now.duration_since(*since) < self.timeout && conn.reusable()
+            });
+            self.kept.fetch_sub(before - list.len(), Ordering::Relaxed);
+            kept += list.len();
         }
         kept
     }
 
     /// Idle connections now (all workers).
     pub(crate) fn len(&self) -> usize {
-        self.sets
-            .iter()
-            .map(|s| {
-                let set = s.lock().unwrap_or_else(|p| p.into_inner());
-                set.iter().map(VecDeque::len).sum::<usize>()
-            })
-            .sum()
+        self.kept.load(Ordering::Relaxed)
+    }
+}
+
+impl Evict for Idle {
+    fn kept(&self) -> usize {
+        self.len()
+    }
+
+    fn evict_oldest(&self) -> bool {
+        let mut oldest: Option<(usize, Instant)> = None;
+        for w in 0..self.sets.len() {
+            if let Some((_, since)) = self.lock(w).front() {
+                if oldest.is_none_or(|(_, t)| *since < t) {
+                    oldest = Some((w, *since));
+                }
+            }
+        }
+        let Some((w, _)) = oldest else {
+            return false;
+        };
+        // Dropped outside the lock: closing it gives its slot back.
+        let evicted = self.lock(w).pop_front();
+        if evicted.is_some() {
+            self.kept.fetch_sub(1, Ordering::Relaxed);
+        }
+        evicted.is_some()
     }
 }

@@ -1,7 +1,9 @@
-//! The connecting side: pooled keep-alive clients to a Partner's upstreams.
+//! The connecting side: pooled keep-alive clients to Partners' upstreams.
 //!
-//! One pool per Partner (each has its own TLS settings); upstream URLs are used round
-//! robin. The request body is the client's original `Bytes`; a `2xx` JSON or event-stream
+//! One pool per origin (`origin`: Partners on the same scheme, host, port, HTTP version
+//! and TLS settings share it), every connection within one budget for the whole gateway
+//! (`budget`: `upstream.max_connections`); a Partner uses its upstream URLs round robin.
+//! The request body is the client's original `Bytes`; a `2xx` JSON or event-stream
 //! answer is streamed back as it arrives, never buffered, and any other answer is judged
 //! by [`crate::answer`] first. Failures are classified here into unavailable (502), TLS
 //! (502), timeout (504), protocol (502) or, by `answer`, bad response (502).
@@ -17,25 +19,22 @@ use bytes::Bytes;
 use http::{Request, Response, Uri};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
-use rustls::pki_types::ServerName;
 
 use crate::answer::{vet, AnswerBody, AnswerLimits};
 use crate::config::{PartnerConfig, UpstreamConfig};
 use crate::error::GatewayError;
-use crate::tls::client::{partner_client_config, PartnerAicMismatch};
+use crate::tls::client::PartnerAicMismatch;
 
+pub(crate) mod budget;
 mod conn;
 mod h1;
+mod h2;
 mod idle;
+pub(crate) mod origin;
 pub(crate) mod wire;
 
-use h1::{H1Body, H1Client, H1Error};
-
-type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+use h1::{H1Body, H1Error};
+use origin::Origin;
 
 /// What [`UpstreamPool::request`]'s future yields.
 pub(crate) type HeadOutcome = Result<Response<PartnerBody>, SendError>;
@@ -83,70 +82,39 @@ impl Future for HeadFuture {
 /// A Partner's response body, from either client.
 pub(crate) type PartnerBody = Either<H1Body, Incoming>;
 
-enum Clients {
-    /// The gateway's own HTTP/1.1 client (its idle connections per worker thread).
-    H1(Arc<H1Client>),
-    /// hyper's HTTP/2 client, one per worker thread (`crate::workers`).
-    H2(Box<[HttpClient]>),
-}
-
-/// Pooled clients to one Partner: a request uses Partner connections driven on its own
-/// worker thread (`crate::workers`).
+/// A Partner's way to its upstreams: the origin of each URL (shared with every Partner
+/// there), used round robin.
 pub struct UpstreamPool {
     partner: String,
-    clients: Clients,
-    upstreams: Vec<Uri>,
+    targets: Vec<(Uri, Arc<Origin>)>,
     next: AtomicUsize,
     response_timeout: Duration,
     answers: AnswerLimits,
 }
 
 impl UpstreamPool {
-    /// Builds the pool (loads the Partner's TLS files), with `pools` sets of connections
-    /// (one per worker thread; at least one).
+    /// A Partner's pool on origins of its own (with a budget of its own): for a Partner
+    /// table built outside a gateway (the gateway's Partners share theirs, see
+    /// [`UpstreamPool::on`]).
     pub fn new(
         p: &PartnerConfig,
         u: &UpstreamConfig,
         aic_suffix: &str,
         pools: usize,
     ) -> anyhow::Result<UpstreamPool> {
-        let mut tls = match &p.tls {
-            Some(t) => partner_client_config(t, p.aic, aic_suffix)?,
-            None => plain_client_config()?,
-        };
-        let server_name = p.tls.as_ref().and_then(|t| t.server_name.clone());
-        let clients = if p.http2 {
-            Clients::H2(h2_clients(tls, server_name, u, pools)?)
-        } else {
-            tls.alpn_protocols = vec![b"http/1.1".to_vec()];
-            let tls = Arc::new(tls);
-            let endpoints = p
-                .upstreams
-                .iter()
-                .map(|uri| {
-                    Ok((
-                        uri.clone(),
-                        conn::Endpoint::new(uri, &tls, server_name.as_deref())?,
-                    ))
-                })
-                .collect::<anyhow::Result<Vec<_>>>()?;
-            let idle = idle::Idle::new(
-                pools,
-                endpoints.len(),
-                u.pool_max_idle_per_host,
-                u.pool_idle_timeout,
-            );
-            Clients::H1(Arc::new(H1Client::new(
-                endpoints,
-                idle,
-                u.connect_timeout,
-                u.max_response_head_bytes,
-            )))
-        };
+        let mut origins = origin::OriginsBuilder::new(u, aic_suffix, pools, None);
+        UpstreamPool::on(p, u, &mut origins)
+    }
+
+    /// A Partner's pool on the origins `origins` is building.
+    pub(crate) fn on(
+        p: &PartnerConfig,
+        u: &UpstreamConfig,
+        origins: &mut origin::OriginsBuilder<'_>,
+    ) -> anyhow::Result<UpstreamPool> {
         Ok(UpstreamPool {
             partner: p.name.clone(),
-            clients,
-            upstreams: p.upstreams.clone(),
+            targets: origins.partner(p)?,
             next: AtomicUsize::new(0),
             response_timeout: u.response_timeout,
             answers: AnswerLimits {
@@ -156,27 +124,16 @@ impl UpstreamPool {
         })
     }
 
-    /// Drops idle HTTP/1.1 connections past `upstream.pool_idle_timeout` or closed by the
-    /// Partner; returns how many stay (hyper's HTTP/2 pool keeps its own time).
-    pub(crate) fn sweep(&self) -> usize {
-        match &self.clients {
-            Clients::H1(c) => c.idle().sweep(),
-            Clients::H2(_) => 0,
-        }
-    }
-
-    /// Idle HTTP/1.1 connections kept now.
+    /// Idle HTTP/1.1 connections kept now to this Partner's origins (shared with every
+    /// Partner on them).
     pub(crate) fn idle_connections(&self) -> usize {
-        match &self.clients {
-            Clients::H1(c) => c.idle().len(),
-            Clients::H2(_) => 0,
-        }
+        self.targets.iter().map(|(_, o)| o.idle_connections()).sum()
     }
 
     /// The next upstream URL (round robin) joined with a method path.
     pub fn target(&self, path: &str) -> Uri {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.upstreams.len();
-        let base = &self.upstreams[i];
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.targets.len();
+        let base = &self.targets[i].0;
         let base_path = base.path().trim_end_matches('/');
         let mut parts = base.clone().into_parts();
         parts.path_and_query = format!("{base_path}{path}").parse().ok();
@@ -198,20 +155,14 @@ impl UpstreamPool {
     /// named future, so the plain `rpc` path holds it without a box. [`Self::head`] reads
     /// its outcome.
     pub(crate) fn request(&self, req: Request<Full<Bytes>>) -> HeadFuture {
-        match &self.clients {
-            Clients::H1(c) => {
-                let deadline = tokio::time::Instant::now() + self.response_timeout;
-                HeadFuture::H1 {
-                    sending: Box::pin(c.clone().send(req, deadline)),
-                }
-            }
-            Clients::H2(clients) => {
-                let client = &clients[crate::workers::slot(clients.len())];
-                HeadFuture::H2 {
-                    sending: tokio::time::timeout(self.response_timeout, client.request(req)),
-                }
-            }
-        }
+        // The origin of the URL `target` picked (a Partner has a few).
+        let uri = req.uri();
+        let origin = self
+            .targets
+            .iter()
+            .find(|(u, _)| u.scheme() == uri.scheme() && u.authority() == uri.authority())
+            .unwrap_or(&self.targets[0]);
+        origin.1.request(req, self.response_timeout)
     }
 
     /// What a finished [`Self::request`] became: the response head, or the failure named
@@ -263,45 +214,6 @@ fn plain_client_config() -> anyhow::Result<rustls::ClientConfig> {
             .with_root_certificates(rustls::RootCertStore::empty())
             .with_no_client_auth(),
     )
-}
-
-/// hyper's HTTP/2 clients for an `http2 = true` Partner, one per worker thread: one
-/// connection per upstream URL carries every request; the Partner's
-/// SETTINGS_MAX_CONCURRENT_STREAMS bounds how many are open at once (more wait for a
-/// stream, within `upstream.response_timeout`).
-fn h2_clients(
-    tls: rustls::ClientConfig,
-    server_name: Option<String>,
-    u: &UpstreamConfig,
-    pools: usize,
-) -> anyhow::Result<Box<[HttpClient]>> {
-    let mut http = HttpConnector::new();
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    http.set_connect_timeout(Some(u.connect_timeout));
-    let builder = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http();
-    let builder = match server_name {
-        Some(name) => {
-            builder.with_server_name_resolver(move |_: &Uri| ServerName::try_from(name.clone()))
-        }
-        None => builder,
-    };
-    let connector = builder.enable_http2().wrap_connector(http);
-    let mut builder = Client::builder(TokioExecutor::new());
-    builder
-        .pool_idle_timeout(u.pool_idle_timeout)
-        .pool_max_idle_per_host(u.pool_max_idle_per_host)
-        .pool_timer(TokioTimer::new())
-        .timer(TokioTimer::new())
-        .http2_only(true)
-        .http2_initial_connection_window_size(u.http2_connection_window)
-        .http2_keep_alive_interval(u.pool_idle_timeout / 2)
-        .http2_keep_alive_while_idle(false);
-    Ok((0..pools.max(1))
-        .map(|_| builder.build(connector.clone()))
-        .collect())
 }
 
 /// Walks an error's sources looking for a rustls error. `io::Error` needs care: its

@@ -14,6 +14,7 @@ mod enforcement;
 mod envelope;
 mod faults;
 mod fleet_metrics;
+mod fleet_snapshots;
 mod forward;
 mod layout;
 mod ops;

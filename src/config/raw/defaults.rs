@@ -87,3 +87,9 @@ pub(super) fn default_tls_session_cache() -> usize {
 pub(super) fn default_pool_idle() -> usize {
     64
 }
+
+/// `upstream.max_connections`: with the default `listener.max_connections` (10,000) and
+/// the reserve, 14,160 open files, whatever the number of Partners.
+pub(super) fn default_upstream_connections() -> usize {
+    4096
+}

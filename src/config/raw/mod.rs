@@ -359,8 +359,16 @@ pub struct RawUpstream {
     /// Idle pooled connections are closed after this long.
     #[serde(with = "humantime_serde")]
     pub pool_idle_timeout: Duration,
-    /// Idle pooled connections kept per upstream address.
+    /// Idle pooled connections kept per origin (scheme, host, port and TLS settings,
+    /// shared by every Partner there) and per worker thread; fewer when the origin's fair
+    /// share of `max_connections` (it over the origins and their pools) is smaller.
     pub pool_max_idle_per_host: usize,
+    /// Partner connections open at once, for the whole gateway (HTTP/1.1 busy or idle,
+    /// and HTTP/2): each is an open file, and this, not the number of Partners, is what
+    /// the open-file check counts for them. When all are taken, a new one closes an idle
+    /// connection of the origin keeping the most; when none is idle it waits up to
+    /// `connect_timeout` for one to end, then fails (`502 upstream_unavailable`).
+    pub max_connections: usize,
     /// A relayed Partner body (after its headers) may pause this long between frames.
     #[serde(with = "humantime_serde")]
     pub body_idle_timeout: Duration,
@@ -386,6 +394,7 @@ impl Default for RawUpstream {
             response_timeout: d30s(),
             pool_idle_timeout: d90s(),
             pool_max_idle_per_host: default_pool_idle(),
+            max_connections: default_upstream_connections(),
             body_idle_timeout: d30s(),
             max_error_body_bytes: default_error_body(),
             http2_connection_window: 16 * 1024 * 1024,

@@ -7,6 +7,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 use super::*;
+use http::Uri;
 
 /// What the Partner does with one request.
 #[derive(Clone)]
@@ -94,8 +95,9 @@ fn client_to(uri: &Uri, max_idle: usize, idle_timeout: Duration) -> Arc<H1Client
     let tls = Arc::new(crate::upstream::plain_client_config().unwrap());
     let endpoint = Endpoint::new(uri, &tls, None).unwrap();
     Arc::new(H1Client::new(
-        vec![(uri.clone(), endpoint)],
-        Idle::new(1, 1, max_idle, idle_timeout),
+        endpoint,
+        Arc::new(Idle::new(1, max_idle, idle_timeout)),
+        crate::upstream::budget::Budget::new(1000),
         Duration::from_secs(2),
         8192,
     ))
