@@ -136,7 +136,7 @@ fn answering(dir: &std::path::Path, nodes: &[Node]) {
                 std::fs::read_to_string(dir.join(format!("redis-{}.log", n.port)))
                     .unwrap_or_default()
             ),
-            Duration::from_secs(10),
+            Duration::from_secs(30),
             || n.cmd(&["PING"]).ok(),
         );
     }
@@ -283,7 +283,7 @@ impl Sentinels {
             ));
         }
         answering(dir.path(), &data);
-        poll("the replicas connected", Duration::from_secs(10), || {
+        poll("the replicas connected", Duration::from_secs(30), || {
             data[0]
                 .info("replication")
                 .contains(&format!("connected_slaves:{replicas}"))
@@ -341,7 +341,7 @@ impl Sentinels {
         // Every Sentinel knows the master and its replicas.
         poll(
             "the Sentinels see the replicas",
-            Duration::from_secs(10),
+            Duration::from_secs(30),
             || {
                 s.sentinels
                     .iter()
@@ -372,7 +372,7 @@ impl Sentinels {
     pub fn master(&self) -> usize {
         let port = poll(
             "a Sentinel naming the master",
-            Duration::from_secs(5),
+            Duration::from_secs(30),
             || {
                 self.sentinels.iter().find_map(|s| {
                     let v = s

@@ -196,7 +196,7 @@ async fn sentinel_promotion_is_followed() {
     let owner_key = "aipgw:{aipgw:task:1:p:2:t1}:owner";
     let owner = redis::Value::BulkString(LEADER_A.as_bytes().to_vec());
     // On the replica too before the master goes.
-    poll("the owner replicated", Duration::from_secs(5), || {
+    poll("the owner replicated", Duration::from_secs(30), || {
         (store.data[1].cmd(&["GET", owner_key]).ok()? == owner).then_some(())
     });
     let old = store.master();
