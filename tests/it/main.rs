@@ -19,6 +19,7 @@ mod ops;
 mod policy;
 mod quota_eviction;
 mod reload;
+mod revocation;
 mod sdk;
 mod streams;
 mod support;
