@@ -1,7 +1,8 @@
 //! Background work, owned in one place: every task that runs beside the listener, and
 //! the order in which they stop.
 //!
-//! [`Background::start`] starts the gateway's own loops: the upkeep timer and, in cluster
+//! [`Background::start`] starts the gateway's own loops: the upkeep timer, the CRL
+//! fetcher (`revocation`) and, in cluster
 //! mode, the stream-lease renewal, the task-owner republishing, the quota sync, the
 //! replay copies' lease loop and their writer. Operator services (the admin listener,
 //! the reload watcher) are added with [`Background::spawn`]. The listener
@@ -51,6 +52,7 @@ impl Background {
         let snap = gateway.snapshot();
         let mut loops = JoinSet::new();
         loops.spawn(crate::upkeep::run(gateway.clone()));
+        loops.spawn(crate::revocation::run(gateway.clone()));
         let mut writer = None;
         if let Some(c) = snap.cluster.clone() {
             loops.spawn(crate::cluster::streams::renew_loop(c.clone()));

@@ -52,6 +52,8 @@ pub struct CertSpec {
     pub not_after: OffsetDateTime,
     /// Serial number (random when `None`).
     pub serial: Option<u64>,
+    /// CRL Distribution Point URIs (none by default).
+    pub crl_distribution_points: Vec<String>,
 }
 
 impl CertSpec {
@@ -67,6 +69,7 @@ impl CertSpec {
             not_before: now - Duration::days(1),
             not_after: now + Duration::days(365 * 10),
             serial: None,
+            crl_distribution_points: vec![],
         }
     }
 
@@ -247,6 +250,11 @@ impl DevCa {
         params.not_before = spec.not_before;
         params.not_after = spec.not_after;
         params.use_authority_key_identifier_extension = true;
+        if !spec.crl_distribution_points.is_empty() {
+            params.crl_distribution_points = vec![rcgen::CrlDistributionPoint {
+                uris: spec.crl_distribution_points.clone(),
+            }];
+        }
         let serial = spec.serial.unwrap_or_else(random_serial);
         params.serial_number = Some(SerialNumber::from_slice(&serial.to_be_bytes()));
         let key = KeyPair::generate()?;

@@ -88,7 +88,12 @@ impl Snapshot {
             suffix: config.aic_domain_suffix.clone(),
             dotted: config.dotted.clone(),
         };
-        let tls = tls::build_server(&config.listener, rules)?;
+        let tls = tls::build_server(
+            &config.listener,
+            rules,
+            previous.map(|p| &p.tls),
+            config.revocation.fetches(),
+        )?;
         let mut partners = Vec::with_capacity(config.partners.len());
         let mut origins = OriginsBuilder::new(
             &config.upstream,

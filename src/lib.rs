@@ -88,6 +88,8 @@
 //!   listener, Prometheus metrics, trace context, hot reload, `inspect-cert`).
 //! - `timers`: time bounds on the hot path without a timer made per request (one kept
 //!   per connection and moved; a body's bound armed only if it is not already there).
+//! - `revocation`: CRLs fetched from URLs and kept current by a background task; a new
+//!   CRL is a new trust generation (`tls::live`).
 //! - `hex`: lowercase hex encoding.
 //! - `allocator`: jemalloc's own figures (allocated, resident, metadata) for `/metrics`.
 
@@ -123,6 +125,7 @@ pub(crate) mod policy;
 pub(crate) mod ratelimit;
 pub(crate) mod relay_body;
 pub mod reload;
+pub mod revocation;
 pub(crate) mod routing;
 pub mod server;
 pub(crate) mod sse;

@@ -8,6 +8,7 @@
 //! drops.
 
 mod partners;
+pub(crate) mod revocation;
 
 pub use partners::PartnerMetrics;
 use partners::OTHER;
@@ -214,6 +215,8 @@ pub struct Metrics {
     partners: partners::PartnerSeries,
     /// The certificates of the last config loaded (their series go when they do).
     certs: Mutex<HashSet<CertLabels>>,
+    /// The fetched CRLs (`revocation`), per source.
+    pub(crate) crl: revocation::CrlSeries,
 }
 
 /// Requests: counts and latencies.
@@ -454,6 +457,7 @@ impl Metrics {
             ratelimit_evictions: Counter::default(),
             partners: partners::PartnerSeries::new(),
             certs: Mutex::new(HashSet::new()),
+            crl: revocation::CrlSeries::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -464,6 +468,7 @@ impl Metrics {
         register_operations(r, &m);
         register_replay(r, &m);
         register_cluster(r, &m);
+        m.crl.register(r);
         Metrics { registry, ..m }
     }
 
@@ -476,6 +481,8 @@ impl Metrics {
     ) -> String {
         let g = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         self.idle_connections(idle);
+        self.crl
+            .set_ages(i64::try_from(crate::identity::verdict::unix_now()).unwrap_or(i64::MAX));
         self.replay_bytes.set(g(replay.bytes as u64));
         self.replay_events.set(g(replay.events as u64));
         self.replay_streams.set(g(replay.streams as u64));

@@ -19,6 +19,7 @@ use crate::jsonrpc::Method;
 pub use raw::ClientAuthMode;
 use raw::RawConfig;
 
+mod revocation;
 mod sections;
 
 use crate::identity::aic::DottedCheck;
@@ -76,6 +77,8 @@ pub struct Config {
     pub reload_debounce: Duration,
     /// Shared state for several instances; read at start only.
     pub cluster: crate::cluster::ClusterSettings,
+    /// CRLs fetched over HTTP(S) and kept current (`[revocation]`).
+    pub revocation: crate::revocation::settings::RevocationSettings,
     /// The Partners, in file order.
     pub partners: Vec<PartnerConfig>,
 }
@@ -304,6 +307,8 @@ impl Config {
         let dotted = DottedCheck::try_from(&raw.identity)?;
         let mut ratelimit = RateLimitSettings::try_from(&raw.ratelimit)?;
         let cluster = crate::cluster::ClusterSettings::try_from(&raw.cluster)?;
+        let revocation =
+            crate::revocation::settings::RevocationSettings::try_from(&raw.revocation)?;
         ratelimit.limiter.counting = cluster.mode == crate::cluster::ClusterMode::Redis;
         let mut names = HashSet::new();
         let mut routes = HashSet::new();
@@ -371,6 +376,7 @@ impl Config {
             tasks: TaskPolicy::try_from(&raw.policy.tasks)?,
             ratelimit,
             cluster,
+            revocation,
             partners,
         })
     }
@@ -401,6 +407,7 @@ fn resolve_paths(raw: &mut RawConfig, base: &Path) {
         .chain(c.tls_cert.iter_mut())
         .chain(c.tls_key.iter_mut())
         .for_each(resolve);
+    raw.revocation.tls_ca.iter_mut().for_each(resolve);
 }
 
 #[cfg(test)]

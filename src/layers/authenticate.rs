@@ -19,7 +19,10 @@ pub(crate) enum AuthenticateStep {}
 impl<B> Check<B, Arrived> for AuthenticateStep {
     type Found = std::sync::Arc<crate::identity::PeerIdentity>;
     fn check(x: &mut Exchange<B>) -> Result<Self::Found, Refuse> {
-        let verdict = x.conn.identity.verdict(&x.snap.tls.trust, unix_now());
+        let verdict = x
+            .conn
+            .identity
+            .verdict(&x.snap.tls.trust.load(), unix_now());
         let error = match verdict {
             ConnAuth::Verified(caller) => {
                 x.log.aic = Some(caller.aic);

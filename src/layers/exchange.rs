@@ -75,7 +75,7 @@ impl ConnInfo {
             );
         let identity = ConnIdentity::new(
             session.peer_certificates(),
-            &snap.tls.trust,
+            &snap.tls.trust.load(),
             verified_by_handshake,
             unix_now(),
         );

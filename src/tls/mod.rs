@@ -2,7 +2,13 @@
 //! Must not: decide identities (that is `identity`) or look at requests.
 
 pub(crate) mod client;
+pub(crate) mod live;
 pub(crate) mod pem;
 pub(crate) mod server;
 
 pub(crate) use server::{build as build_server, ServerTls};
+
+/// The crypto provider used everywhere (ring).
+pub(crate) fn provider() -> std::sync::Arc<rustls::crypto::CryptoProvider> {
+    std::sync::Arc::new(rustls::crypto::ring::default_provider())
+}

@@ -12,22 +12,18 @@
 
 use std::sync::Arc;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use anyhow::Context;
-use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::server::WebPkiClientVerifier;
 use rustls::{
-    CertificateError, DigitallySignedStruct, DistinguishedName, Error as TlsError, RootCertStore,
-    ServerConfig, SignatureScheme,
+    CertificateError, DigitallySignedStruct, DistinguishedName, Error as TlsError, ServerConfig,
+    SignatureScheme,
 };
 
+use super::live::LiveTrust;
 use super::pem;
 use crate::config::{ClientAuthMode, ListenerConfig};
 use crate::identity::AicRules;
-use crate::identity::Trust;
 
 /// What the accept loop needs: the rustls config, and the trust settings every
 /// connection's verdict is judged against (after the handshake, and again whenever they
@@ -36,91 +32,48 @@ use crate::identity::Trust;
 pub struct ServerTls {
     /// The rustls server configuration.
     pub config: Arc<ServerConfig>,
-    /// The chain verifier, its generation and the CRLs' expiry.
-    pub trust: Trust,
-    /// `strict` mode: the handshake itself verified the chain (full handshakes only).
+    /// The chain verifier, its generation and the CRLs' expiry: the current generation
+    /// (replaced when fetched CRLs change, see `tls::live`).
+    pub trust: Arc<LiveTrust>,
+    /// The handshake's own chain verification stands for the connection's first verdict
+    /// (full handshakes only): `strict` mode, without fetched CRLs (with them, a new
+    /// generation may come between the handshake and the verdict, so the verdict is
+    /// judged under the generation it is recorded with).
     pub strict: bool,
 }
 
-/// Each build of the listener's TLS settings is a new trust generation.
-static GENERATION: AtomicU64 = AtomicU64::new(1);
+pub(crate) use super::provider;
 
-/// The crypto provider used everywhere (ring).
-pub(crate) fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-/// The WebPKI client verifier for the configured CAs and CRLs.
+/// The WebPKI client verifier for the configured CAs and CRL files (no fetched CRLs).
 pub(crate) fn client_chain_verifier(
     l: &ListenerConfig,
 ) -> anyhow::Result<Arc<dyn ClientCertVerifier>> {
-    let mut roots = RootCertStore::empty();
-    for path in &l.client_ca {
-        for cert in pem::load_certs(path)? {
-            roots
-                .add(cert)
-                .with_context(|| format!("{}: not a usable CA certificate", path.display()))?;
-        }
-    }
-    let crls = load_crls(l)?;
-    let mut builder =
-        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider()).with_crls(crls);
-    if !l.allow_expired_crl {
-        builder = builder.enforce_revocation_expiration();
-    }
-    if l.allow_unknown_revocation_status {
-        builder = builder.allow_unknown_revocation_status();
-    }
-    builder
-        .build()
-        .context("listener: cannot build the client verifier")
+    let trust = LiveTrust::new(l, Arc::new(AicRules::default()), None)?;
+    let verifier = trust.load().verifier.clone();
+    Ok(verifier)
 }
 
-fn load_crls(
+/// Builds the listener's TLS settings, with the CRLs fetched so far (those `previous`,
+/// the settings of the config load before, holds); `fetching`: `[revocation]` fetches
+/// CRLs.
+pub(crate) fn build(
     l: &ListenerConfig,
-) -> anyhow::Result<Vec<rustls::pki_types::CertificateRevocationListDer<'static>>> {
-    let mut crls = Vec::new();
-    for path in &l.crl {
-        crls.extend(pem::load_crls(path)?);
-    }
-    Ok(crls)
-}
-
-/// The earliest `nextUpdate` of the configured CRLs (Unix seconds), when expired CRLs are
-/// refused: a verdict judged before then must be judged again from then on.
-fn crl_next_update(l: &ListenerConfig) -> anyhow::Result<Option<u64>> {
-    use x509_parser::prelude::{CertificateRevocationList, FromDer};
-    if l.allow_expired_crl {
-        return Ok(None);
-    }
-    let mut earliest: Option<u64> = None;
-    for der in load_crls(l)? {
-        if let Ok((_, crl)) = CertificateRevocationList::from_der(&der) {
-            if let Some(next) = crl.next_update() {
-                let t = u64::try_from(next.timestamp()).unwrap_or(0);
-                earliest = Some(earliest.map_or(t, |e| e.min(t)));
-            }
-        }
-    }
-    Ok(earliest)
-}
-
-/// Builds the listener's TLS settings.
-pub(crate) fn build(l: &ListenerConfig, rules: AicRules) -> anyhow::Result<ServerTls> {
-    let chain = client_chain_verifier(l)?;
+    rules: AicRules,
+    previous: Option<&ServerTls>,
+    fetching: bool,
+) -> anyhow::Result<ServerTls> {
     let strict = l.client_auth == ClientAuthMode::Strict;
     let rules = Arc::new(rules);
+    let trust = Arc::new(LiveTrust::new(
+        l,
+        rules.clone(),
+        previous.map(|p| &*p.trust),
+    )?);
     let verifier = Arc::new(GatewayClientVerifier {
-        inner: chain.clone(),
+        inner: trust.load().verifier.clone(),
+        live: trust.clone(),
         strict_rules: strict.then(|| rules.clone()),
     });
-    let trust = Trust {
-        verifier: chain,
-        generation: GENERATION.fetch_add(1, Ordering::Relaxed),
-        crl_next_update: crl_next_update(l)?,
-        aic_rules: rules,
-        verdicts: Arc::new(crate::identity::Verdicts::new(l.verdict_cache)),
-    };
     let certs = pem::load_certs(&l.cert).context("listener.cert")?;
     let key = pem::load_key(&l.key).context("listener.key")?;
     let mut config = ServerConfig::builder_with_provider(provider())
@@ -139,14 +92,18 @@ pub(crate) fn build(l: &ListenerConfig, rules: AicRules) -> anyhow::Result<Serve
     Ok(ServerTls {
         config: Arc::new(config),
         trust,
-        strict,
+        strict: strict && !fetching,
     })
 }
 
 /// The listener's client-certificate verifier, in one of the two modes.
 #[derive(Debug)]
 pub(crate) struct GatewayClientVerifier {
+    /// The first generation's verifier: the CA names and the handshake signatures (the
+    /// same in every generation of a config load).
     inner: Arc<dyn ClientCertVerifier>,
+    /// The current generation: chains are verified with its CRLs.
+    live: Arc<LiveTrust>,
     /// `Some(rules)` in strict mode: chain and AIC are checked during the handshake.
     /// `None` in jsonrpc mode: any chain is accepted here and verified right after the
     /// handshake by `identity::authenticate`, with `inner`.
@@ -173,7 +130,9 @@ impl ClientCertVerifier for GatewayClientVerifier {
             return Ok(ClientCertVerified::assertion()); // deferred, see above
         };
         let ok = self
-            .inner
+            .live
+            .load()
+            .verifier
             .verify_client_cert(end_entity, intermediates, now)?;
         rules.certificate_aic(end_entity).map_err(|_| {
             TlsError::InvalidCertificate(CertificateError::ApplicationVerificationFailure)

@@ -22,6 +22,7 @@ mod policy;
 mod quota_eviction;
 mod redis_topologies;
 mod reload;
+mod revocation;
 mod sdk;
 mod streams;
 mod support;

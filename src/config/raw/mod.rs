@@ -11,10 +11,12 @@ use serde::Deserialize;
 
 mod cluster;
 mod defaults;
+mod revocation;
 
 use defaults::*;
 
 pub use cluster::{RawCluster, RawClusterRateLimit, RawClusterReplay};
+pub use revocation::RawRevocation;
 
 // Settings enums that belong to the modules acting on them; the file reads them here.
 pub use crate::cluster::{ClusterMode, OnClusterError};
@@ -68,6 +70,9 @@ pub struct RawConfig {
     /// Several instances sharing state through Redis.
     #[serde(default)]
     pub cluster: RawCluster,
+    /// CRLs fetched over HTTP(S) and kept current.
+    #[serde(default)]
+    pub revocation: RawRevocation,
 }
 
 /// `[runtime]`: read once at start (a reload does not change it).

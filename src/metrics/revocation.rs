@@ -1,0 +1,137 @@
+//! The fetched CRLs' series, one set per source URL (at most `revocation.max_crl_urls`;
+//! a source the config no longer names loses its series): the held CRL's age, its
+//! `nextUpdate` and size, and every fetch by result.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// A CRL source.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct SourceLabels {
+    /// Its URL.
+    pub(crate) source: String,
+}
+
+/// A fetch of a CRL source, by result.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct FetchLabels {
+    /// Its URL.
+    pub(crate) source: String,
+    /// `ok`, `not_modified`, or why it was kept out: `timeout`, `unreachable`,
+    /// `http_status`, `too_large`, `malformed`, `unknown_issuer`, `bad_signature`,
+    /// `stale`, `unusable`.
+    pub(crate) result: &'static str,
+}
+
+/// The series (see the module documentation).
+#[derive(Default)]
+pub(crate) struct CrlSeries {
+    age: Family<SourceLabels, Gauge>,
+    next_update: Family<SourceLabels, Gauge>,
+    bytes: Family<SourceLabels, Gauge>,
+    last_ok: Family<SourceLabels, Gauge>,
+    fetches: Family<FetchLabels, Counter>,
+    /// Each source's held `thisUpdate` (the age is computed from it at each scrape).
+    this_update: Mutex<HashMap<String, i64>>,
+}
+
+impl CrlSeries {
+    /// Registers the series.
+    pub(crate) fn register(&self, r: &mut Registry) {
+        r.register(
+            "crl_age_seconds",
+            "Age (since its thisUpdate) of the CRL held for each fetched source",
+            self.age.clone(),
+        );
+        r.register(
+            "crl_next_update_timestamp_seconds",
+            "nextUpdate of the CRL held for each fetched source",
+            self.next_update.clone(),
+        );
+        r.register(
+            "crl_bytes",
+            "Size of the CRL held for each fetched source",
+            self.bytes.clone(),
+        );
+        r.register(
+            "crl_last_fetch_success",
+            "1 if the last fetch of the source gave a usable answer (a CRL or 304), else 0",
+            self.last_ok.clone(),
+        );
+        r.register(
+            "crl_fetches",
+            "CRL fetches by source and result",
+            self.fetches.clone(),
+        );
+    }
+
+    fn labels(source: &str) -> SourceLabels {
+        SourceLabels {
+            source: source.to_owned(),
+        }
+    }
+
+    /// A fetch of `source` ended with `result`; `ok` says whether it was usable.
+    pub(crate) fn fetched(&self, source: &str, result: &'static str, ok: bool) {
+        let labels = FetchLabels {
+            source: source.to_owned(),
+            result,
+        };
+        self.fetches.get_or_create(&labels).inc();
+        self.last_ok
+            .get_or_create(&Self::labels(source))
+            .set(i64::from(ok));
+    }
+
+    /// The CRL now held for `source`.
+    pub(crate) fn held(
+        &self,
+        source: &str,
+        this_update: i64,
+        next_update: Option<i64>,
+        bytes: usize,
+    ) {
+        let l = Self::labels(source);
+        self.next_update
+            .get_or_create(&l)
+            .set(next_update.unwrap_or(0));
+        self.bytes
+            .get_or_create(&l)
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        self.lock().insert(source.to_owned(), this_update);
+    }
+
+    /// Drops the series of a source no longer fetched.
+    pub(crate) fn forget(&self, source: &str, results: &[&'static str]) {
+        let l = Self::labels(source);
+        for f in [&self.age, &self.next_update, &self.bytes, &self.last_ok] {
+            f.remove(&l);
+        }
+        for &result in results {
+            self.fetches.remove(&FetchLabels {
+                source: source.to_owned(),
+                result,
+            });
+        }
+        self.lock().remove(source);
+    }
+
+    /// Sets each held CRL's age as of `now` (Unix seconds), at a scrape.
+    pub(crate) fn set_ages(&self, now: i64) {
+        for (source, this_update) in self.lock().iter() {
+            self.age
+                .get_or_create(&Self::labels(source))
+                .set(now.saturating_sub(*this_update));
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, i64>> {
+        self.this_update.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}

@@ -1,0 +1,45 @@
+//! `[revocation]`, validated: the fetched CRLs' sources and bounds.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// `[revocation]`, validated (in `config`). Field meanings and defaults: see
+/// `config::raw::RawRevocation`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RevocationSettings {
+    /// Configured CRL URLs (http/https), in file order, without repeats.
+    pub crl_urls: Vec<String>,
+    /// Also fetch the CRL Distribution Points of the `listener.client_ca` certificates.
+    pub crl_from_client_ca: bool,
+    /// Distinct URLs fetched at most.
+    pub max_crl_urls: usize,
+    /// Largest CRL body accepted.
+    pub max_crl_bytes: usize,
+    /// A whole fetch's time bound.
+    pub fetch_timeout: Duration,
+    /// The longest time between two fetches of a source.
+    pub refresh_interval: Duration,
+    /// How long before `nextUpdate` a source is fetched.
+    pub refresh_ahead: Duration,
+    /// Wait after a failure; the shortest time between two fetches.
+    pub retry_interval: Duration,
+    /// Fraction of each wait taken off at random (0 to 0.5).
+    pub jitter: f64,
+    /// CA bundle for `https://` CRL servers.
+    pub tls_ca: Option<PathBuf>,
+}
+
+impl RevocationSettings {
+    /// Whether any CRL is fetched (configured URLs, or discovery from the client CAs).
+    pub fn fetches(&self) -> bool {
+        !self.crl_urls.is_empty() || self.crl_from_client_ca
+    }
+}
+
+/// Whether `url` is an absolute `http://` or `https://` URL with a host.
+pub fn usable_url(url: &str) -> bool {
+    match url.parse::<http::Uri>() {
+        Ok(u) => matches!(u.scheme_str(), Some("http") | Some("https")) && u.authority().is_some(),
+        Err(_) => false,
+    }
+}
