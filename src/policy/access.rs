@@ -18,15 +18,25 @@ pub(crate) struct AicSet {
     any: bool,
     /// The keys of the other patterns.
     keys: HashSet<Box<str>, ahash::RandomState>,
+    /// Bit `n` is set when a key is `n` bytes long (the longest AIC has 53): a prefix of
+    /// a length no key has is not looked up.
+    lengths: u64,
+}
+
+/// The bit of a key's length in [`AicSet::lengths`] (the last bit stands for any longer).
+fn length_bit(len: usize) -> u64 {
+    1 << len.min(63)
 }
 
 impl AicSet {
     fn new(patterns: &[AicPattern]) -> AicSet {
         let mut keys = HashSet::with_capacity_and_hasher(patterns.len(), Default::default());
         let mut any = false;
+        let mut lengths = 0;
         for p in patterns {
             match p.key() {
                 Some(k) => {
+                    lengths |= length_bit(k.len());
                     keys.insert(Box::from(k));
                 }
                 None => any = true,
@@ -35,14 +45,18 @@ impl AicSet {
         if any {
             // `*` matches everyone: the other patterns change nothing.
             keys = HashSet::default();
+            lengths = 0;
         }
         keys.shrink_to_fit();
-        AicSet { any, keys }
+        AicSet { any, keys, lengths }
     }
 
     /// Whether a pattern of the list matches the AIC whose field prefixes these are.
     fn matches<'a>(&self, mut prefixes: impl Iterator<Item = &'a str>) -> bool {
-        self.any || (!self.keys.is_empty() && prefixes.any(|p| self.keys.contains(p)))
+        self.any
+            || (self.lengths != 0
+                && prefixes
+                    .any(|p| self.lengths & length_bit(p.len()) != 0 && self.keys.contains(p)))
     }
 }
 

@@ -20,6 +20,9 @@ struct Slot {
 #[derive(Default)]
 pub(super) struct RouteIndex {
     prefixes: HashMap<Box<str>, Slot, ahash::RandomState>,
+    /// `lengths[n]`: some prefix key is `n` bytes long (a candidate of a length no
+    /// prefix has is not looked up).
+    lengths: Vec<bool>,
     /// Every method, the shortest name first: the longest prefix a path can have less a
     /// method name comes first.
     methods: Vec<Method>,
@@ -30,6 +33,10 @@ impl RouteIndex {
     /// them (the configuration refuses two Partners on one route).
     pub(super) fn insert(&mut self, prefix: &str, hosts: &[String], partner: usize) {
         let key = if prefix == "/" { "" } else { prefix };
+        if self.lengths.len() <= key.len() {
+            self.lengths.resize(key.len() + 1, false);
+        }
+        self.lengths[key.len()] = true;
         let slot = self.prefixes.entry(key.into()).or_default();
         if hosts.is_empty() {
             slot.any.get_or_insert(partner);
@@ -78,6 +85,9 @@ impl RouteIndex {
 
     /// The Partner at this prefix key for the host: host-specific first.
     fn partner(&self, key: &str, host: Option<&str>) -> Option<usize> {
+        if !self.lengths.get(key.len()).copied().unwrap_or(false) {
+            return None;
+        }
         let slot = self.prefixes.get(key)?;
         let named = match host {
             Some(h) if !slot.hosts.is_empty() => slot.hosts.get(h).copied(),
