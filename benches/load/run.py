@@ -14,6 +14,13 @@ TLS 1.3 resumption on), --sse (events per CPU-second through `stream` answers of
 --gateway LABEL=PATH (repeatable) measures other aipgw binaries beside the default one
 (e.g. allocator builds); --only NAMES limits the proxies (aipgw,nginx,haproxy,bare).
 
+Fleet modes (issue 38), keep-alive HTTP/1.1 to each gateway binary only, one gateway per
+size, the ratios to the first size printed per binary:
+--routes 1,1000,10000: N Partners (N - 1 HTTP/2 ones that take no traffic, then the
+target), every prefix `/aip/pNNNNN`, the load sent to the last;
+--access 10,1000,100000: the target Partner's `[partner.access]` with N allow prefixes
+(the Leader's agent serial last) and N deny prefixes that do not match.
+
 Needs oha (`cargo install oha --locked`), nginx and haproxy (`apt-get install -y
 nginx-light haproxy`), and taskset; `--install` installs what is missing. Figures go in
 benches/README.md ("Load comparison") with the date and the machine.
@@ -100,6 +107,7 @@ class Proc:
 
     def __init__(self, name, argv, cpu, log_dir, wait_port=None, stdin=None):
         self.name = name
+        self.prefix = "/aip"
         log = open(log_dir / f"{name}.log", "w")
         self.p = subprocess.Popen(
             ["taskset", "-c", cpu] + argv,
@@ -147,8 +155,38 @@ def wait_listening(port, name, log_dir):
     die(f"{name} is not listening on {port} (see {log_dir / (name + '.log')})")
 
 
-def aipgw_config(d, port, backend, resumption, extra="", runtime="worker_threads = 1"):
+class Fleet:
+    """A fleet mode's config for one gateway: Partners before the target, the target's
+    prefix and its own extra TOML (an access list), and the binary's own extra TOML."""
+
+    def __init__(self, kind, n, extra=""):
+        self.kind, self.n, self.extra = kind, n, extra
+        self.before, self.prefix, self.target = "", "/aip", ""
+        if kind == "routes":
+            # Equal lengths: the table keeps config order among them, the target last.
+            self.before = "".join(
+                f'[[partner]]\nname = "p{i:05}"\nprefix = "/aip/p{i:05}"\n'
+                f'upstreams = ["http://127.0.0.1:9"]\nhttp2 = true\n'
+                for i in range(n - 1)
+            )
+            self.prefix = f"/aip/p{n - 1:05}"
+        elif kind == "access":
+            # Agent serial prefixes (22 characters) of providers 0001 and 0002; the
+            # Leader's (10001000011K912345E789ABCDEF2353) is the last allow entry.
+            allow = [f'"10001000011K9{i:09}*"' for i in range(n - 1)]
+            allow.append('"10001000011K912345E789*"')
+            deny = [f'"10002000011K9{i:09}*"' for i in range(n)]
+            self.target = f"[partner.access]\nallow = [{','.join(allow)}]\ndeny = [{','.join(deny)}]\n"
+        else:
+            die(f"unknown fleet mode {kind}")
+
+
+def aipgw_config(d, port, backend, resumption, extra="", runtime="worker_threads = 1", fleet=None):
     path = d / f"aipgw-{port}.toml"
+    # A fleet's Partners need descriptors of their own (HTTP/2 ones: one each), which the
+    # open-file check counts beside max_connections: 1,000 client connections then.
+    max_conns = 1000 if fleet else 10000
+    before, prefix, target = (fleet.before, fleet.prefix, fleet.target) if fleet else ("", "/aip", "")
     path.write_text(
         f"""
 [listener]
@@ -158,9 +196,9 @@ key = "{d}/gateway.key"
 client_ca = ["{d}/ca.pem"]
 crl = ["{d}/crl.pem"]
 tls_session_cache = {256 if resumption else 0}
-max_connections = 10000
+max_connections = {max_conns}
 # Every client is on loopback: one source address.
-max_connections_per_ip = 10000
+max_connections_per_ip = {max_conns}
 
 [runtime]
 {runtime}
@@ -174,10 +212,12 @@ watch = false
 [admin]
 bind = "127.0.0.1:{free_port()}"
 
+{before}
 [[partner]]
 name = "load"
-prefix = "/aip"
+prefix = "{prefix}"
 upstreams = ["http://127.0.0.1:{backend}"]
+{target}
 {extra}
 """
     )
@@ -300,11 +340,16 @@ def start_proxy(name, binary, d, backend, resumption, extra=""):
             "--ca", str(d / "ca.pem"), "--crl", str(d / "crl.pem"),
         ] + ([] if resumption else ["--no-resumption"])
         return Proc(name, argv, PROXY_CPU, d)
+    if isinstance(extra, Fleet):
+        config = aipgw_config(d, port, backend, resumption, extra.extra, fleet=extra)
+        proc = Proc(name, [binary, "run", "--config", str(config)], PROXY_CPU, d, wait_port=port)
+        proc.prefix = extra.prefix
+        return proc
     argv = [binary, "run", "--config", str(aipgw_config(d, port, backend, resumption, extra))]
     return Proc(name, argv, PROXY_CPU, d, wait_port=port)
 
 
-def oha(d, port, mode, duration, conns):
+def oha(d, port, mode, duration, conns, prefix="/aip"):
     body = d / ("stream.json" if mode == "sse" else "rpc.json")
     argv = [
         "taskset", "-c", LOAD_CPU, find_oha(), "--no-tui", "--output-format", "json",
@@ -320,7 +365,7 @@ def oha(d, port, mode, duration, conns):
         argv += ["-c", "1"]
     else:
         argv += ["-c", str(conns)]
-    path = "/aip/stream" if mode == "sse" else "/aip/rpc"
+    path = f"{prefix}/stream" if mode == "sse" else f"{prefix}/rpc"
     argv.append(f"https://127.0.0.1:{port}{path}")
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     return json.loads(out)
@@ -363,7 +408,7 @@ def read_counters(perf):
 def measure(proxy, d, mode, duration, conns):
     user0, sys0 = proxy.times()
     perf = perf_counters(proxy.p.pid)
-    result = oha(d, proxy.port, mode, duration, conns)
+    result = oha(d, proxy.port, mode, duration, conns, proxy.prefix)
     counters = read_counters(perf)
     user1, sys1 = proxy.times()
     cpu = user1 - user0 + sys1 - sys0
@@ -446,7 +491,23 @@ def median(rows, key):
     return statistics.median(r[key] for r in rows)
 
 
-def report(mode, rows, events):
+def report_fleet(per_cpu, sizes):
+    """Each gateway binary's requests per CPU-second at each fleet size, as a ratio to its
+    own first size."""
+    labels = []
+    for name in per_cpu:
+        label = name.rsplit("=", 1)[0]
+        if label not in labels:
+            labels.append(label)
+    for label in labels:
+        first = per_cpu.get(f"{label}={sizes[0]}")
+        if not first:
+            continue
+        ratios = ", ".join(f"{n}: {per_cpu[f'{label}={n}'] / first:.2f}x" for n in sizes)
+        print(f"\n{label}: requests per CPU-second as a ratio to {sizes[0]}: {ratios}")
+
+
+def report(mode, rows, events, fleet_sizes=None):
     unit = "events" if mode == "sse" else "req"
     scale = events if mode == "sse" else 1
     print(f"\n## {mode}\n")
@@ -469,6 +530,9 @@ def report(mode, rows, events):
             if n != base and one:
                 print(f"\n{n}: {per_cpu[n] / one:.2f}x the requests per CPU-second of {base} "
                       f"(as a speed-up on two cores: {2 * per_cpu[n] / one:.2f}x)")
+        return
+    if fleet_sizes:
+        report_fleet(per_cpu, fleet_sizes)
         return
     gateways = [n for n in per_cpu if n not in ("nginx", "haproxy", "bare")]
     others = [n for n in ("nginx", "haproxy", "bare") if n in per_cpu and per_cpu[n]]
@@ -495,9 +559,13 @@ def main():
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--strace", action="store_true", help="after the rounds, one run per proxy under strace -c: system calls per request by name")
     ap.add_argument("--install", action="store_true")
+    sizes = lambda v: [int(x) for x in v.split(",") if x]  # noqa: E731
+    ap.add_argument("--routes", type=sizes, default=[], help="fleet mode: N Partners, the load to the last (e.g. 1,1000,10000)")
+    ap.add_argument("--access", type=sizes, default=[], help="fleet mode: N allow + N deny prefixes in the target's [partner.access] (e.g. 10,1000,100000)")
     args = ap.parse_args()
     modes = [m for m in ("http1", "http2", "handshake", "resume", "sse") if getattr(args, m)]
-    modes = modes or ["http1", "http2"]
+    fleets = [(k, getattr(args, k)) for k in ("routes", "access") if getattr(args, k)]
+    modes = modes or ([] if fleets else ["http1", "http2"])
     ensure_tools(args.install)
     if not args.no_build:
         subprocess.run(
@@ -529,6 +597,12 @@ def main():
         try:
             for mode in modes:
                 report(mode, run_mode(mode, proxies, d, backend.port, args), args.events)
+            for kind, ns in fleets:
+                gateways = [(f"{label} {kind}", b, e) for label, b, e in proxies
+                            if b is not None and not isinstance(e, Fleet)]
+                fleet = [(f"{label}={n}", b, Fleet(kind, n, e)) for label, b, e in gateways for n in ns]
+                print(f"\n# fleet mode --{kind}: keep-alive HTTP/1.1")
+                report("http1", run_mode("http1", fleet, d, backend.port, args), args.events, ns)
         finally:
             backend.stop()
 

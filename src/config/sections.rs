@@ -284,18 +284,16 @@ impl TryFrom<&raw::RawAccess> for crate::policy::PartnerAccess {
                     .map(|(i, p)| p.parse().map_err(|e| anyhow::anyhow!("{key}[{i}]: {e}")))
                     .collect()
             };
-        let mut access = crate::policy::PartnerAccess {
-            base: crate::policy::AccessRule {
-                allow: patterns("access.allow".into(), &a.allow)?,
-                deny: patterns("access.deny".into(), &a.deny)?,
-            },
-            methods: Vec::new(),
+        let base = crate::policy::AccessRule {
+            allow: patterns("access.allow".into(), &a.allow)?,
+            deny: patterns("access.deny".into(), &a.deny)?,
         };
+        let mut methods = Vec::new();
         for (i, m) in a.methods.iter().enumerate() {
             let key = format!("access.methods[{i}]");
             let set = crate::policy::method_set(&m.methods)
                 .map_err(|e| anyhow::anyhow!("{key}.methods: {e}"))?;
-            access.methods.push((
+            methods.push((
                 set,
                 crate::policy::AccessRule {
                     allow: patterns(format!("{key}.allow"), &m.allow)?,
@@ -303,7 +301,8 @@ impl TryFrom<&raw::RawAccess> for crate::policy::PartnerAccess {
                 },
             ));
         }
-        Ok(access)
+        // Compiled once per load (`policy::access`); the pattern lists are dropped here.
+        Ok(crate::policy::PartnerAccess::new(&base, &methods))
     }
 }
 

@@ -5,6 +5,7 @@
 
 pub mod aic;
 pub mod cert;
+pub mod fields;
 pub mod verdict;
 
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use rustls::{CertificateError, Error as TlsError};
 use rustls_pki_types::{CertificateDer, UnixTime};
 
 pub use aic::{Aic, AicCheck, AicError, AicForm, DottedCheck};
+pub use fields::AicFields;
 pub use verdict::{ConnIdentity, Trust, Verdicts};
 
 /// Why a presented certificate gives no identity. Each maps to AIP `-32010`; the
@@ -151,6 +153,8 @@ pub struct PeerIdentity {
     /// The AIC and the certificate hash as header values for the Partner, made once per
     /// connection (a clone is a reference count).
     pub(crate) headers: [http::HeaderValue; 2],
+    /// Where the AIC's fields end, for the access rules (found once per connection).
+    pub fields: AicFields,
 }
 
 impl PeerIdentity {
@@ -161,6 +165,7 @@ impl PeerIdentity {
             |s: &str| http::HeaderValue::from_str(s).unwrap_or(http::HeaderValue::from_static(""));
         PeerIdentity {
             headers: [value(aic.as_str()), value(&cert_sha256)],
+            fields: AicFields::of(&aic),
             aic,
             check,
             cert_sha256,

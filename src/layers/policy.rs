@@ -49,7 +49,7 @@ fn check(x: &mut Exchange<Bytes, Parsed>) -> Result<(), GatewayError> {
     cfg.policy.check_role(text(&call.sender_role, body))?;
     partner
         .access
-        .check(&caller.aic, call.method, &partner.name)?;
+        .check_peer(caller, call.method, &partner.name)?;
     let task = text(&call.task_id, body);
     let clustered = x.snap.cluster.is_some();
     // Cluster mode: an owner this instance does not know may be known to Redis; the

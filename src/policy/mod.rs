@@ -1,10 +1,11 @@
 //! Who may call what: per-Partner (and per-method) allow and deny lists of AIC patterns,
 //! the `senderRole` rule, the block list, and task ownership ([`tasks`]).
 //!
-//! Everything here is compiled from the config at load; a check is a few comparisons
-//! against short lists and allocates nothing. Every refusal is `-32009` with a reason,
+//! Everything here is compiled from the config at load; a check is a few hash lookups
+//! (access rules: [`access`]) or comparisons against short lists and allocates nothing. Every refusal is `-32009` with a reason,
 //! except a blocked AIC, whose credential counts as revoked (`-32010`).
 
+pub(crate) mod access;
 mod owner_ids;
 pub(crate) mod pattern;
 pub(crate) mod tasks;
@@ -12,11 +13,13 @@ pub(crate) mod tasks;
 use std::collections::HashSet;
 
 use crate::error::GatewayError;
-use crate::identity::{Aic, CredentialError};
+use crate::identity::{Aic, AicFields, CredentialError, PeerIdentity};
 use crate::jsonrpc::Method;
+pub(crate) use access::AccessMatcher;
 pub(crate) use pattern::AicPattern;
 
-/// An allow list and a deny list. Deny wins; a non-empty allow list refuses everyone else.
+/// An allow list and a deny list, as configured. Deny wins; a non-empty allow list
+/// refuses everyone else. Checked through its compiled form ([`AccessRule::compile`]).
 #[derive(Debug, Clone, Default)]
 pub struct AccessRule {
     /// Who may (empty: everyone not denied).
@@ -26,8 +29,15 @@ pub struct AccessRule {
 }
 
 impl AccessRule {
-    /// `Err(reason)` when `aic` is refused.
-    pub fn decide(&self, aic: &Aic) -> Result<(), &'static str> {
+    /// The lists compiled into sets of AIC prefixes (see [`access`]).
+    pub(crate) fn compile(&self) -> AccessMatcher {
+        AccessMatcher::new(&self.allow, &self.deny)
+    }
+
+    /// The decision pattern by pattern, as it was made before the lists were compiled:
+    /// the oracle the compiled matcher is tested against.
+    #[cfg(test)]
+    pub(crate) fn decide_linear(&self, aic: &Aic) -> Result<(), &'static str> {
         if self.deny.iter().any(|p| p.matches(aic)) {
             return Err("aic_denied");
         }
@@ -38,26 +48,56 @@ impl AccessRule {
     }
 }
 
-/// A Partner's access rules: one for every method, and extra ones for some methods.
+/// A Partner's access rules, compiled at load: one for every method, and extra ones for
+/// some methods. A clone shares the compiled lists.
 #[derive(Debug, Clone, Default)]
 pub struct PartnerAccess {
     /// Applies to every method.
-    pub base: AccessRule,
+    base: AccessMatcher,
     /// Apply, in addition, to the methods marked (indexed by `Method::index`).
-    pub methods: Vec<([bool; Method::ALL.len()], AccessRule)>,
+    methods: Vec<([bool; Method::ALL.len()], AccessMatcher)>,
 }
 
 impl PartnerAccess {
-    /// Checks a caller against the Partner's rules for a method.
+    /// Compiles the rule for every method and the per-method ones.
+    pub fn new(base: &AccessRule, methods: &[([bool; Method::ALL.len()], AccessRule)]) -> Self {
+        PartnerAccess {
+            base: base.compile(),
+            methods: methods.iter().map(|(s, r)| (*s, r.compile())).collect(),
+        }
+    }
+
+    /// Checks a verified caller (its AIC's fields found once per connection) against the
+    /// Partner's rules for a method.
+    pub fn check_peer(
+        &self,
+        peer: &PeerIdentity,
+        method: Method,
+        partner: &str,
+    ) -> Result<(), GatewayError> {
+        self.check_fields(&peer.aic, &peer.fields, method, partner)
+    }
+
+    /// Checks an AIC against the Partner's rules for a method.
     pub fn check(&self, aic: &Aic, method: Method, partner: &str) -> Result<(), GatewayError> {
+        self.check_fields(aic, &AicFields::of(aic), method, partner)
+    }
+
+    fn check_fields(
+        &self,
+        aic: &Aic,
+        fields: &AicFields,
+        method: Method,
+        partner: &str,
+    ) -> Result<(), GatewayError> {
         let refuse = |reason: &'static str| GatewayError::Forbidden {
             reason,
             detail: format!("{aic} may not call {} at Partner {partner}", method.name()),
         };
-        self.base.decide(aic).map_err(refuse)?;
+        self.base.decide_fields(aic, fields).map_err(refuse)?;
         for (set, rule) in &self.methods {
             if set[method.index()] {
-                rule.decide(aic).map_err(refuse)?;
+                rule.decide_fields(aic, fields).map_err(refuse)?;
             }
         }
         Ok(())
@@ -135,15 +175,17 @@ mod tests {
         let rule = AccessRule {
             allow: vec![p("10001*")],
             deny: vec![p("10001000011K912345E789ABCDEF2353")],
-        };
+        }
+        .compile();
         assert_eq!(rule.decide(&a), Err("aic_denied"));
         assert_eq!(rule.decide(&b), Ok(()));
         let only_b = AccessRule {
             allow: vec![p("10001000011K94ZH3VDXLP4S5EB63614")],
             deny: vec![],
-        };
+        }
+        .compile();
         assert_eq!(only_b.decide(&a), Err("aic_not_allowed"));
-        assert_eq!(AccessRule::default().decide(&a), Ok(()));
+        assert_eq!(AccessRule::default().compile().decide(&a), Ok(()));
     }
 
     #[test]

@@ -3,15 +3,19 @@
 //! that provider), or `*`. Dotted AICs match by whole levels: `1.2.156.3088.1.1*` = every
 //! agent of registrar `1`, `1.2.156.3088.1.1.34C2*` = every agent of its vendor `34C2`
 //! (any case; `...34C2.*` is the same pattern).
+//!
+//! Every pattern but `*` names one prefix of an AIC at a field boundary (the whole AIC is
+//! the last), its [`AicPattern::key`]: the access rules are compiled into sets of keys
+//! (`super::access`), which a caller's AIC is looked up in by its own prefixes.
 
 use std::fmt;
 use std::str::FromStr;
 
 use crate::identity::aic::{check_level, DOTTED_PREFIX};
-use crate::identity::{Aic, AicForm};
-
-/// Where the AIC's fields end (version; provider; entity; year; agent serial; instance).
-pub(crate) const FIELD_ENDS: [usize; 6] = [1, 5, 10, 13, 22, 30];
+use crate::identity::fields::V1_FIELD_ENDS as FIELD_ENDS;
+use crate::identity::Aic;
+#[cfg(test)]
+use crate::identity::AicForm;
 
 /// A compiled pattern.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,7 +76,22 @@ fn dotted_levels(p: &str) -> Option<String> {
 }
 
 impl AicPattern {
-    /// Whether `aic` matches.
+    /// The AIC prefix the pattern names (`None` for `*`): a v1 prefix, whole dotted levels
+    /// (uppercase, no trailing dot) or a whole AIC. An AIC matches exactly when one of its
+    /// prefixes at a field boundary (`crate::identity::AicFields`) is this key: v1 and
+    /// dotted prefixes never meet (only dotted ones have dots), and a whole AIC is longer
+    /// than any field prefix of its form.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            AicPattern::Any => None,
+            AicPattern::Exact(a) => Some(a.as_str()),
+            AicPattern::Prefix(p) | AicPattern::Levels(p) => Some(p),
+        }
+    }
+
+    /// Whether `aic` matches, pattern by pattern: what the compiled rules
+    /// (`super::access`) are checked against.
+    #[cfg(test)]
     pub fn matches(&self, aic: &Aic) -> bool {
         match self {
             AicPattern::Any => true,
