@@ -10,13 +10,24 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 const MIB: u64 = 1 << 20;
 
+/// jemalloc's figures are the process's: the tests take turns, so one's allocations are not
+/// read as the other's (the first test once failed while the second ran beside it).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn allocated_follows_what_is_held_and_freed() {
+    let _alone = alone();
+    // 16 MiB held, at least 15 MiB seen: what the test harness's other threads free
+    // meanwhile (a finished test's thread, some 64 KiB) is the process's too.
     let before = heap_stats().expect("jemalloc's statistics are compiled in and readable");
     let held: Vec<Vec<u8>> = (0..64).map(|i| vec![i as u8; 256 * 1024]).collect();
     let during = heap_stats().expect("statistics");
     assert!(
-        during.allocated >= before.allocated + 16 * MIB,
+        during.allocated >= before.allocated + 15 * MIB,
         "16 MiB held: {before:?} -> {during:?}"
     );
     assert!(during.resident >= during.active && during.active >= during.allocated);
@@ -34,6 +45,7 @@ fn allocated_follows_what_is_held_and_freed() {
 /// `thread_caches` shows both.
 #[test]
 fn a_flushed_thread_cache_gives_back_what_it_held() {
+    let _alone = alone();
     use aipgw::test_util::flush_thread_cache;
     std::thread::spawn(|| {
         // Many small objects of several sizes, freed: the thread's cache keeps some of each.
