@@ -163,7 +163,9 @@ pub struct Metrics {
     /// TLS handshakes completed, by kind (`full`, `resumed`).
     pub(crate) handshakes: Family<KindLabels, Counter>,
     /// Connections the gateway closed to keep slots free, by reason: `per_ip_limit`,
-    /// `unverified_idle`, `unverified_reply`, `evicted_idle`.
+    /// `unverified_idle`, `unverified_reply`, `evicted_idle`; and before TLS over the
+    /// PROXY protocol: `proxy_header_untrusted`, `_missing`, `_malformed`, `_too_large`,
+    /// `_truncated`, `_timeout`, `_pending_limit` (each `proxy_header_`-prefixed).
     pub connections_closed: Family<ReasonLabels, Counter>,
     /// Malformed HTTP refused by the protocol layer (hyper's own 400, 414 or 431, or an
     /// HTTP/2 connection error), by reason.
@@ -267,7 +269,7 @@ fn register_connections(r: &mut Registry, m: &Metrics) {
     );
     r.register(
         "connections_closed",
-        "Connections the gateway closed to keep connection slots free, by reason: per_ip_limit, unverified_idle, unverified_reply, evicted_idle",
+        "Connections the gateway closed to keep connection slots free, by reason: per_ip_limit, unverified_idle, unverified_reply, evicted_idle; before TLS over the PROXY protocol: proxy_header_untrusted, proxy_header_missing, proxy_header_malformed, proxy_header_too_large, proxy_header_truncated, proxy_header_timeout, proxy_header_pending_limit",
         m.connections_closed.clone(),
     );
     r.register(

@@ -19,8 +19,11 @@ use crate::jsonrpc::Method;
 pub use raw::ClientAuthMode;
 use raw::RawConfig;
 
+mod proxy;
 mod revocation;
 mod sections;
+
+pub use proxy::{Network, ProxyProtocol};
 
 use crate::identity::aic::DottedCheck;
 
@@ -140,6 +143,8 @@ pub struct ListenerConfig {
     /// session or a returning client is not verified again until a reload or an expiry;
     /// `0` verifies every connection's chain.
     pub verdict_cache: usize,
+    /// PROXY headers from load balancers (`[listener.proxy_protocol]`).
+    pub proxy_protocol: ProxyProtocol,
 }
 
 /// `[upstream]`, validated. Field meanings and defaults: see [`raw::RawUpstream`].

@@ -83,6 +83,7 @@ impl TryFrom<raw::RawListener> for ListenerConfig {
             error_status: l.error_status,
             tls_session_cache: l.tls_session_cache,
             verdict_cache: l.verdict_cache,
+            proxy_protocol: super::ProxyProtocol::try_from(&l.proxy_protocol)?,
         })
     }
 }

@@ -12,7 +12,7 @@ use crate::identity::Aic;
 pub(super) const CLOSE_GRACE: Duration = Duration::from_millis(100);
 
 pub(super) async fn serve_connection(
-    tcp: TcpStream,
+    mut tcp: TcpStream,
     peer: SocketAddr,
     gateway: Arc<Gateway>,
     drain: watch::Receiver<bool>,
@@ -20,8 +20,8 @@ pub(super) async fn serve_connection(
 ) {
     let ConnSlots {
         permit: _permit,
-        handshake: handshake_slot,
-        per_ip: _per_ip,
+        admission,
+        sources,
         idle: idle_conns,
     } = slots;
     // The snapshot current at the accept gives this handshake its TLS settings and the
@@ -33,10 +33,16 @@ pub(super) async fn serve_connection(
     let l = ConnSettings::of(&snap.config.listener);
     let _open = counted_open(&metrics);
     let _ = tcp.set_nodelay(true);
-    let Some(tls) = handshake(tcp, peer, &snap).await else {
+    // From here on, `peer` is the client's address (a trusted balancer's header names it).
+    let resolved = sources.resolve(&mut tcp, peer, admission, &gateway, &snap);
+    let Some((peer, counted, deadline)) = resolved.await else {
         return;
     };
-    drop(handshake_slot);
+    let _per_ip = counted.per_ip;
+    let Some(tls) = handshake(tcp, peer, &snap, deadline).await else {
+        return;
+    };
+    drop(counted.handshake);
     let (_, session) = tls.get_ref();
     let h2 = session.alpn_protocol() == Some(b"h2".as_slice());
     let conn = Arc::new(ConnInfo::accepted(peer, session, &snap));
@@ -102,21 +108,21 @@ fn counted_open(metrics: &Arc<Metrics>) -> impl Drop {
     })
 }
 
-/// The TLS handshake under `listener.handshake_timeout`, counted as full or resumed, or
-/// as a failure by reason.
+/// The TLS handshake by `deadline` (`listener.handshake_timeout` after the accept, or
+/// after the PROXY header), counted as full or resumed, or as a failure by reason.
 async fn handshake(
     tcp: TcpStream,
     peer: SocketAddr,
     snap: &crate::gateway::Snapshot,
+    deadline: Instant,
 ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
     let acceptor = TlsAcceptor::from(snap.tls.config.clone());
-    let timeout = snap.config.listener.handshake_timeout;
     let failed = |reason| {
         let labels = ReasonLabels { reason };
         snap.metrics.handshake_failures.get_or_create(&labels).inc();
         None
     };
-    let tls = match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
+    let tls = match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             tracing::debug!(%peer, error = %e, "TLS handshake failed");

@@ -46,9 +46,12 @@ use crate::workers::Workers;
 
 mod connection;
 mod idle;
+mod proxy;
+mod sources;
 
 use connection::serve_connection;
 use idle::IdleConns;
+use sources::{Admission, Sources};
 
 /// Runs `f` when dropped.
 fn scopeguard<F: FnOnce()>(f: F) -> impl Drop {
@@ -106,13 +109,13 @@ pub async fn listen(
     let l = gateway.snapshot().config.listener.clone();
     let (max, drain_timeout) = (l.max_connections, l.drain_timeout);
     let permits = Arc::new(Semaphore::new(max));
-    // Connections still in their TLS handshake, per source address. Each holds a
+    // Per source address: connections in their TLS handshake (each holds a
     // `max_connections` permit for up to `handshake_timeout`: without this bound one host
-    // opening idle sockets could hold every permit. Over it, a connection is closed at once.
-    let handshakes = KeyedCounts::<IpAddr>::new(Some(l.max_handshakes_per_ip));
-    // Connections open per source address, for their whole life: without this bound one
-    // host opening connections one at a time (each past its handshake) could hold them all.
-    let per_ip = KeyedCounts::<IpAddr>::new(Some(l.max_connections_per_ip));
+    // opening idle sockets could hold every permit) and connections open (without this
+    // bound one host opening connections one at a time could hold them all). Over either,
+    // a connection is closed at once. The source is the client a trusted load balancer's
+    // PROXY header names, once read (`sources`).
+    let sources = Arc::new(Sources::new(&l));
     drop(l);
     // Connections past their handshake, so that a full listener can close an idle one.
     let idle = Arc::new(IdleConns::new(workers.as_ref().map_or(1, |w| w.len())));
@@ -127,7 +130,7 @@ pub async fn listen(
         let Some((tcp, peer, permit)) = next else {
             continue;
         };
-        let Some((open, slot)) = admit(peer, &per_ip, &handshakes, &gateway) else {
+        let Some(admission) = sources.admit(peer, &gateway) else {
             drop(tcp);
             continue;
         };
@@ -143,8 +146,8 @@ pub async fn listen(
         let (g, drain, idle) = (gateway.clone(), drain_rx.clone(), idle.clone());
         let held = ConnSlots {
             permit,
-            handshake: slot,
-            per_ip: open,
+            admission,
+            sources: sources.clone(),
             idle,
         };
         match &workers {
@@ -164,32 +167,6 @@ pub async fn listen(
     let _ = drain_tx.send(true);
     drain(&gateway, &permits, max, drain_timeout).await;
     Ok(())
-}
-
-/// A source's counts for a connection just accepted from `peer`: one of its open
-/// connections and one of its handshakes; `None` (counted, and the connection to be
-/// closed at once) when either is at its bound.
-fn admit(
-    peer: SocketAddr,
-    per_ip: &KeyedCounts<IpAddr>,
-    handshakes: &KeyedCounts<IpAddr>,
-    gateway: &Gateway,
-) -> Option<(KeyedPermit<IpAddr>, KeyedPermit<IpAddr>)> {
-    let Some(open) = per_ip.try_take(&peer.ip()) else {
-        tracing::debug!(%peer, "too many connections from this address: closed");
-        closed(&gateway.snapshot().metrics, "per_ip_limit");
-        return None;
-    };
-    let Some(slot) = handshakes.try_take(&peer.ip()) else {
-        tracing::debug!(%peer, "too many handshakes from this address: closed");
-        let reason = ReasonLabels {
-            reason: "per_ip_handshake_limit",
-        };
-        let snap = gateway.snapshot();
-        snap.metrics.handshake_failures.get_or_create(&reason).inc();
-        return None;
-    };
-    Some((open, slot))
 }
 
 /// Waits for every connection to end (each holds one of the `max` permits): in-flight
@@ -216,10 +193,11 @@ async fn drain(gateway: &Gateway, permits: &Semaphore, max: usize, drain_timeout
 struct ConnSlots {
     /// Its `max_connections` slot.
     permit: OwnedSemaphorePermit,
-    /// Its count in its source address's handshakes, given back after the handshake.
-    handshake: KeyedPermit<IpAddr>,
-    /// Its count in its source address's open connections.
-    per_ip: KeyedPermit<IpAddr>,
+    /// Its counts under its source (or, from a load balancer, its balancer's, until its
+    /// PROXY header names the client).
+    admission: Admission,
+    /// Where its source's counts are taken once its header names the client.
+    sources: Arc<Sources>,
     /// Where it registers once past its handshake.
     idle: Arc<IdleConns>,
 }

@@ -19,6 +19,7 @@ mod forward;
 mod layout;
 mod ops;
 mod policy;
+mod proxy_protocol;
 mod quota_eviction;
 mod redis_topologies;
 mod reload;

@@ -11,12 +11,16 @@ use serde::Deserialize;
 
 mod cluster;
 mod defaults;
+mod proxy;
 mod revocation;
+mod secrets;
 
 use defaults::*;
 
 pub use cluster::{RawCluster, RawClusterRateLimit, RawClusterReplay};
+pub use proxy::{ProxyProtocolMode, RawProxyProtocol};
 pub use revocation::RawRevocation;
+pub use secrets::Secrets;
 
 // Settings enums that belong to the modules acting on them; the file reads them here.
 pub use crate::cluster::{ClusterMode, OnClusterError};
@@ -294,6 +298,9 @@ pub struct RawListener {
     /// `0` verifies every connection's chain.
     #[serde(default = "default_verdict_cache")]
     pub verdict_cache: usize,
+    /// `[listener.proxy_protocol]`: PROXY headers from load balancers. Default: off.
+    #[serde(default)]
+    pub proxy_protocol: RawProxyProtocol,
 }
 
 /// `[identity]`
@@ -307,17 +314,6 @@ pub struct RawIdentity {
     pub dotted_check: DottedCheckMode,
     /// Registrar serial (a dotted AIC's level 6) -> its salt, hex (secret: never logged).
     pub registrar_salts: Secrets,
-}
-
-/// Secret values by name: `Debug` shows the names only.
-#[derive(Default, Deserialize)]
-#[serde(transparent)]
-pub struct Secrets(pub BTreeMap<String, String>);
-
-impl std::fmt::Debug for Secrets {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_set().entries(self.0.keys()).finish()
-    }
 }
 
 impl Default for RawIdentity {
