@@ -375,3 +375,66 @@ fn insert(map: &mut HashMap<[u8; 32], Entry>, key: [u8; 32], e: Entry, max: usiz
     }
     map.insert(key, e);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(status: Option<Status>, until: u64, querying: bool) -> Entry {
+        Entry {
+            status,
+            until,
+            refresh_at: 0,
+            querying,
+        }
+    }
+
+    #[test]
+    fn the_cache_is_bounded_ended_entries_first_and_queries_kept() {
+        let mut map = HashMap::new();
+        let now = 1_000;
+        insert(
+            &mut map,
+            [1; 32],
+            entry(Some(Status::Good), now + 10, false),
+            2,
+            now,
+        );
+        insert(&mut map, [2; 32], entry(None, 0, true), 2, now);
+        // Full: a third entry pushes out one that is not being asked.
+        insert(
+            &mut map,
+            [3; 32],
+            entry(Some(Status::Good), now + 10, false),
+            2,
+            now,
+        );
+        assert_eq!(map.len(), 2);
+        assert!(map.contains_key(&[2; 32]), "an entry being asked stays");
+        // Ended entries go first.
+        insert(
+            &mut map,
+            [4; 32],
+            entry(Some(Status::Good), now + 10, false),
+            2,
+            now + 20,
+        );
+        assert_eq!(map.len(), 2);
+        assert!(map.contains_key(&[2; 32]) && map.contains_key(&[4; 32]));
+    }
+
+    #[test]
+    fn a_revoked_answer_stands_past_its_end_and_a_good_one_does_not() {
+        let now = 1_000;
+        assert!(standing(&entry(Some(Status::Revoked), now - 1, false), now));
+        assert!(!standing(&entry(Some(Status::Good), now, false), now));
+        assert!(standing(&entry(Some(Status::Good), now + 1, false), now));
+        assert!(!standing(&entry(None, now + 10, false), now));
+        assert_eq!(no_answer(OcspPolicy::Soft, true), Gate::Pass);
+        assert_eq!(no_answer(OcspPolicy::Hard, true), Gate::Wait);
+        assert_eq!(
+            no_answer(OcspPolicy::Hard, false),
+            Gate::Refuse(CredentialError::RevocationStatusUnknown)
+        );
+    }
+}
