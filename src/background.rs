@@ -53,6 +53,7 @@ impl Background {
         let mut loops = JoinSet::new();
         loops.spawn(crate::upkeep::run(gateway.clone()));
         loops.spawn(crate::revocation::run(gateway.clone()));
+        loops.spawn(crate::revocation::ocsp::run(snap.ocsp.clone()));
         let mut writer = None;
         if let Some(c) = snap.cluster.clone() {
             loops.spawn(crate::cluster::streams::renew_loop(c.clone()));

@@ -54,6 +54,10 @@ pub struct CertSpec {
     pub serial: Option<u64>,
     /// CRL Distribution Point URIs (none by default).
     pub crl_distribution_points: Vec<String>,
+    /// Authority Information Access OCSP responder URIs (none by default).
+    pub ocsp_urls: Vec<String>,
+    /// The `id-kp-OCSPSigning` extended key usage (a delegated OCSP responder).
+    pub ocsp_signing: bool,
 }
 
 impl CertSpec {
@@ -70,6 +74,8 @@ impl CertSpec {
             not_after: now + Duration::days(365 * 10),
             serial: None,
             crl_distribution_points: vec![],
+            ocsp_urls: vec![],
+            ocsp_signing: false,
         }
     }
 
@@ -149,6 +155,26 @@ impl Issued {
         PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes())
             .unwrap_or_else(|_| PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(Vec::new())))
     }
+}
+
+/// The Authority Information Access extension naming `urls` as OCSP responders.
+fn aia_ocsp(urls: &[String]) -> anyhow::Result<rcgen::CustomExtension> {
+    use der::Encode;
+    use x509_cert::ext::pkix::name::GeneralName;
+    use x509_cert::ext::pkix::{AccessDescription, AuthorityInfoAccessSyntax};
+    let ocsp = der::oid::ObjectIdentifier::new_unwrap("1.3.6.1.5.5.7.48.1");
+    let mut descs = Vec::with_capacity(urls.len());
+    for u in urls {
+        descs.push(AccessDescription {
+            access_method: ocsp,
+            access_location: GeneralName::UniformResourceIdentifier(der::asn1::Ia5String::new(u)?),
+        });
+    }
+    let content = AuthorityInfoAccessSyntax(descs).to_der()?;
+    Ok(rcgen::CustomExtension::from_oid_content(
+        &[1, 3, 6, 1, 5, 5, 7, 1, 1],
+        content,
+    ))
 }
 
 /// A certificate authority that issues development certificates and CRLs.
@@ -245,6 +271,14 @@ impl DevCa {
             params
                 .extended_key_usages
                 .push(ExtendedKeyUsagePurpose::ServerAuth);
+        }
+        if spec.ocsp_signing {
+            params
+                .extended_key_usages
+                .push(ExtendedKeyUsagePurpose::OcspSigning);
+        }
+        if !spec.ocsp_urls.is_empty() {
+            params.custom_extensions.push(aia_ocsp(&spec.ocsp_urls)?);
         }
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.not_before = spec.not_before;

@@ -26,6 +26,7 @@ use crate::metrics::{CertLabels, Metrics};
 use crate::policy::tasks::{MemoryTaskOwners, TaskOwners};
 use crate::ratelimit::concurrency::{InFlight, StreamCounts};
 use crate::ratelimit::{GovernorLimiter, Limiter};
+use crate::revocation::ocsp::Ocsp;
 use crate::routing::{Partner, Router};
 use crate::sse::memory::MemoryStore;
 use crate::sse::replay::ReplayStore;
@@ -57,6 +58,8 @@ pub struct Snapshot {
     pub cluster: Option<Arc<Cluster>>,
     /// The Partners' origins (their connection pools) and the budget they share.
     pub(crate) origins: Origins,
+    /// OCSP answers for Leader certificates (carried over reloads).
+    pub ocsp: Arc<Ocsp>,
 }
 
 /// State that outlives a config snapshot.
@@ -143,7 +146,15 @@ impl Snapshot {
             .metrics
             .rebind_partners(&config.partner_metrics, names);
         record_cert_expiry(&stores.metrics, &config);
+        let ocsp = match previous {
+            Some(prev) => {
+                prev.ocsp.reconfigure(&config.revocation);
+                prev.ocsp.clone()
+            }
+            None => Arc::new(Ocsp::new(&config.revocation, stores.metrics.clone())),
+        };
         Ok(Snapshot {
+            ocsp,
             origins: origins.finish(),
             tls,
             router: Router::new(partners),

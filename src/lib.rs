@@ -89,7 +89,8 @@
 //! - `timers`: time bounds on the hot path without a timer made per request (one kept
 //!   per connection and moved; a body's bound armed only if it is not already there).
 //! - `revocation`: CRLs fetched from URLs and kept current by a background task; a new
-//!   CRL is a new trust generation (`tls::live`).
+//!   CRL is a new trust generation (`tls::live`); OCSP answers for Leader certificates
+//!   (`revocation::ocsp`: cache, queries on a background task, the request-path gate).
 //! - `hex`: lowercase hex encoding.
 //! - `allocator`: jemalloc's own figures (allocated, resident, metadata) for `/metrics`.
 

@@ -219,6 +219,8 @@ pub struct Metrics {
     certs: Mutex<HashSet<CertLabels>>,
     /// The fetched CRLs (`revocation`), per source.
     pub(crate) crl: revocation::CrlSeries,
+    /// OCSP answers, cache lookups and errors (`revocation::ocsp`).
+    pub(crate) ocsp: revocation::OcspSeries,
 }
 
 /// Requests: counts and latencies.
@@ -460,6 +462,7 @@ impl Metrics {
             partners: partners::PartnerSeries::new(),
             certs: Mutex::new(HashSet::new()),
             crl: revocation::CrlSeries::default(),
+            ocsp: revocation::OcspSeries::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -471,6 +474,7 @@ impl Metrics {
         register_replay(r, &m);
         register_cluster(r, &m);
         m.crl.register(r);
+        m.ocsp.register(r);
         Metrics { registry, ..m }
     }
 

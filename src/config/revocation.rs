@@ -5,7 +5,7 @@
 use anyhow::bail;
 
 use super::raw::RawRevocation;
-use crate::revocation::settings::{usable_url, RevocationSettings};
+use crate::revocation::settings::{usable_url, OcspSettings, RevocationSettings};
 
 impl TryFrom<&RawRevocation> for RevocationSettings {
     type Error = anyhow::Error;
@@ -15,6 +15,9 @@ impl TryFrom<&RawRevocation> for RevocationSettings {
             ("fetch_timeout", r.fetch_timeout),
             ("refresh_interval", r.refresh_interval),
             ("retry_interval", r.retry_interval),
+            ("ocsp_timeout", r.ocsp_timeout),
+            ("ocsp_max_age", r.ocsp_max_age),
+            ("ocsp_retry_interval", r.ocsp_retry_interval),
         ] {
             if d.is_zero() {
                 bail!("revocation.{key}: must be greater than zero");
@@ -25,6 +28,18 @@ impl TryFrom<&RawRevocation> for RevocationSettings {
         }
         if r.max_crl_bytes == 0 {
             bail!("revocation.max_crl_bytes: must be at least 1");
+        }
+        for (key, n) in [
+            ("ocsp_max_entries", r.ocsp_max_entries),
+            ("ocsp_max_response_bytes", r.ocsp_max_response_bytes),
+            ("ocsp_max_queries", r.ocsp_max_queries),
+        ] {
+            if n == 0 {
+                bail!("revocation.{key}: must be at least 1");
+            }
+        }
+        if let Some(u) = r.ocsp_url.as_deref().filter(|u| !usable_url(u)) {
+            bail!("revocation.ocsp_url: {u:?} is not an http:// or https:// URL");
         }
         if !(0.0..=0.5).contains(&r.jitter) {
             bail!("revocation.jitter: must be between 0 and 0.5");
@@ -56,6 +71,17 @@ impl TryFrom<&RawRevocation> for RevocationSettings {
             retry_interval: r.retry_interval,
             jitter: r.jitter,
             tls_ca: r.tls_ca.clone(),
+            ocsp: OcspSettings {
+                policy: r.ocsp,
+                url: r.ocsp_url.clone(),
+                timeout: r.ocsp_timeout,
+                clock_skew: r.ocsp_clock_skew,
+                max_entries: r.ocsp_max_entries,
+                max_age: r.ocsp_max_age,
+                max_response_bytes: r.ocsp_max_response_bytes,
+                retry_interval: r.ocsp_retry_interval,
+                max_queries: r.ocsp_max_queries,
+            },
         })
     }
 }

@@ -23,6 +23,7 @@ use rustls::server::danger::ClientCertVerifier;
 use rustls_pki_types::{CertificateDer, UnixTime};
 
 use super::{authenticate, ConnAuth};
+use crate::revocation::ocsp::wire::Subject;
 
 /// What a verdict is judged against: one config load's trust settings.
 #[derive(Clone)]
@@ -110,6 +111,9 @@ struct Judged {
     generation: u64,
     /// Unix seconds from which the verdict must be judged again.
     recheck_at: u64,
+    /// What OCSP is asked about the chain's end entity, made at its first request under
+    /// an OCSP policy (shared, like the verdict, by every connection with the chain).
+    ocsp: std::sync::OnceLock<Option<Arc<Subject>>>,
 }
 
 /// A connection's client chain and its current verdict.
@@ -192,6 +196,23 @@ impl ConnIdentity {
         auth
     }
 
+    /// The OCSP subject of the chain's end entity under the current verdict, made by
+    /// `make` the first time (`None`: no chain, or nothing to ask).
+    pub fn ocsp_subject(
+        &self,
+        make: impl FnOnce(&[CertificateDer<'static>]) -> Option<Subject>,
+    ) -> Option<Arc<Subject>> {
+        let cur = self.current.load();
+        cur.ocsp
+            .get_or_init(|| self.chain.as_deref().and_then(make).map(Arc::new))
+            .clone()
+    }
+
+    /// The OCSP subject if one was made already under the current verdict.
+    pub fn ocsp_subject_made(&self) -> Option<Arc<Subject>> {
+        self.current.load().ocsp.get().cloned().flatten()
+    }
+
     /// The verdict as last judged (for logs at connection time).
     pub fn last(&self) -> ConnAuth {
         self.current.load().auth.clone()
@@ -246,6 +267,7 @@ fn judge_anew(
         auth,
         generation: trust.generation,
         recheck_at,
+        ocsp: std::sync::OnceLock::new(),
     }
 }
 

@@ -1,5 +1,6 @@
 //! `Authenticate`: the connection's identity verdict as of now (re-judged when the trust
-//! settings or the clock moved: `identity::verdict`), then the block list. No request
+//! settings or the clock moved: `identity::verdict`), then its certificate's OCSP answer
+//! (`revocation::ocsp`: a standing `revoked` answer refuses), then the block list. No request
 //! goes further without a verified AIC that is not blocked: `-32008` without a
 //! certificate, `-32010` for a rejected or blocked one. A refusal reads the body (bounded
 //! by `limits.max_body_bytes`) only to echo its id, and is counted against the Partner
@@ -12,6 +13,7 @@ use super::facts::Arrived;
 use crate::error::GatewayError;
 use crate::identity::verdict::unix_now;
 use crate::identity::ConnAuth;
+use crate::revocation::ocsp::Gate;
 
 /// The step (see the module documentation).
 pub(crate) enum AuthenticateStep {}
@@ -19,16 +21,24 @@ pub(crate) enum AuthenticateStep {}
 impl<B> Check<B, Arrived> for AuthenticateStep {
     type Found = std::sync::Arc<crate::identity::PeerIdentity>;
     fn check(x: &mut Exchange<B>) -> Result<Self::Found, Refuse> {
-        let verdict = x
-            .conn
-            .identity
-            .verdict(&x.snap.tls.trust.load(), unix_now());
+        let now = unix_now();
+        let verdict = x.conn.identity.verdict(&x.snap.tls.trust.load(), now);
         let error = match verdict {
             ConnAuth::Verified(caller) => {
                 x.log.aic = Some(caller.aic);
-                match x.snap.config.policy.check_blocked(&caller.aic) {
-                    Ok(()) => return Ok(caller),
-                    Err(e) => e,
+                let ocsp = x
+                    .snap
+                    .ocsp
+                    .gate(&x.conn.identity, x.snap.tls.trust.ca_certs(), now);
+                match ocsp {
+                    // A `hard` wait happens in `OcspWait`, once the id is known.
+                    Gate::Pass | Gate::Wait => {
+                        match x.snap.config.policy.check_blocked(&caller.aic) {
+                            Ok(()) => return Ok(caller),
+                            Err(e) => e,
+                        }
+                    }
+                    Gate::Refuse(e) => GatewayError::InvalidCredential(e),
                 }
             }
             ConnAuth::Missing => GatewayError::AuthenticationRequired,

@@ -57,6 +57,7 @@ mod facts;
 mod forward;
 mod handing;
 mod handoff;
+mod ocsp_wait;
 mod owners;
 mod permit;
 mod policy;
@@ -170,6 +171,7 @@ where
         .layer(CheckLayer::<quota::QuotaStep>::new())
         .layer(ReadBodyLayer)
         .layer(CheckLayer::<envelope::EnvelopeStep>::new())
+        .layer(AskLayer::<ocsp_wait::OcspWaitStep>::new())
         .layer(CatchPanicLayer)
         .layer(AskLayer::<strict::StrictQuotaStep>::new())
         .layer(CheckLayer::<policy::PolicyStep>::new())

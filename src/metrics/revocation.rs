@@ -135,3 +135,72 @@ impl CrlSeries {
         self.this_update.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
+
+/// An OCSP answer, by status.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct StatusLabels {
+    /// `good`, `revoked` or `unknown`.
+    pub(crate) status: &'static str,
+}
+
+/// A cache lookup, by result.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct LookupLabels {
+    /// `hit` or `miss`.
+    pub(crate) result: &'static str,
+}
+
+/// An OCSP query that gave no usable answer, by reason.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct OcspErrorLabels {
+    /// `timeout`, `unreachable`, `http_status`, `too_large`, `queue_full`, `malformed`,
+    /// `responder_error`, `wrong_certificate`, `undelegated`, `bad_signature`,
+    /// `not_yet_valid`, `stale`.
+    pub(crate) reason: &'static str,
+}
+
+/// The OCSP series: answers by status, cache lookups by result, errors by reason (each
+/// label from a fixed set).
+#[derive(Default)]
+pub(crate) struct OcspSeries {
+    answers: Family<StatusLabels, Counter>,
+    lookups: Family<LookupLabels, Counter>,
+    errors: Family<OcspErrorLabels, Counter>,
+}
+
+impl OcspSeries {
+    /// Registers the series.
+    pub(crate) fn register(&self, r: &mut Registry) {
+        r.register(
+            "ocsp_answers",
+            "OCSP answers taken, by certificate status",
+            self.answers.clone(),
+        );
+        r.register(
+            "ocsp_cache_lookups",
+            "OCSP cache lookups by requests, by result (hit, miss)",
+            self.lookups.clone(),
+        );
+        r.register(
+            "ocsp_errors",
+            "OCSP queries without a usable answer, by reason",
+            self.errors.clone(),
+        );
+    }
+
+    /// An answer was taken.
+    pub(crate) fn answered(&self, status: &'static str) {
+        self.answers.get_or_create(&StatusLabels { status }).inc();
+    }
+
+    /// A request looked its certificate up.
+    pub(crate) fn looked_up(&self, hit: bool) {
+        let result = if hit { "hit" } else { "miss" };
+        self.lookups.get_or_create(&LookupLabels { result }).inc();
+    }
+
+    /// A query failed.
+    pub(crate) fn failed(&self, reason: &'static str) {
+        self.errors.get_or_create(&OcspErrorLabels { reason }).inc();
+    }
+}

@@ -16,10 +16,17 @@ use hyper_util::rt::TokioExecutor;
 use super::settings::RevocationSettings;
 
 /// The client CRLs are fetched with.
-pub(crate) type CrlClient = Client<HttpsConnector<HttpConnector>, Empty<Bytes>>;
+pub(crate) type CrlClient = HttpClient<Empty<Bytes>>;
+
+/// A client sending bodies of type `B` (CRLs: none; OCSP: the request).
+pub(crate) type HttpClient<B> = Client<HttpsConnector<HttpConnector>, B>;
 
 /// A client for `settings`: http, and https verified against `revocation.tls_ca`.
-pub(crate) fn client(settings: &RevocationSettings) -> anyhow::Result<CrlClient> {
+pub(crate) fn client<B>(settings: &RevocationSettings) -> anyhow::Result<HttpClient<B>>
+where
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+{
     let mut roots = rustls::RootCertStore::empty();
     if let Some(path) = &settings.tls_ca {
         for c in crate::tls::pem::load_certs(path)? {

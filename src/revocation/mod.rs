@@ -16,6 +16,7 @@
 
 pub(crate) mod check;
 pub(crate) mod fetch;
+pub mod ocsp;
 pub mod settings;
 
 use std::collections::HashMap;

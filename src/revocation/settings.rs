@@ -25,8 +25,46 @@ pub struct RevocationSettings {
     pub retry_interval: Duration,
     /// Fraction of each wait taken off at random (0 to 0.5).
     pub jitter: f64,
-    /// CA bundle for `https://` CRL servers.
+    /// CA bundle for `https://` CRL servers (and OCSP responders).
     pub tls_ca: Option<PathBuf>,
+    /// OCSP for Leader certificates.
+    pub ocsp: OcspSettings,
+}
+
+/// What an OCSP answer that cannot be had does (`revocation.ocsp`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OcspPolicy {
+    /// OCSP is not spoken.
+    #[default]
+    Off,
+    /// Asked; only a `revoked` answer refuses (no answer, or `unknown`, lets through).
+    Soft,
+    /// Asked; without a `good` answer no request passes (`revocation_status_unknown`).
+    Hard,
+}
+
+/// The OCSP settings, validated. Meanings and defaults: `config::raw::RawRevocation`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OcspSettings {
+    /// Off, soft or hard.
+    pub policy: OcspPolicy,
+    /// The responder asked for a certificate whose AIA names none.
+    pub url: Option<String>,
+    /// A query's time bound, and the longest a request waits for one (hard).
+    pub timeout: Duration,
+    /// Clock difference allowed on `thisUpdate` and `nextUpdate`.
+    pub clock_skew: Duration,
+    /// Answers kept at most (one per issuer and serial).
+    pub max_entries: usize,
+    /// The longest an answer is used, whatever its `nextUpdate`.
+    pub max_age: Duration,
+    /// Largest response body accepted.
+    pub max_response_bytes: usize,
+    /// How long a failed query stands before the next is tried.
+    pub retry_interval: Duration,
+    /// Queries waiting or in flight at most.
+    pub max_queries: usize,
 }
 
 impl RevocationSettings {

@@ -17,6 +17,7 @@ mod fleet_metrics;
 mod fleet_snapshots;
 mod forward;
 mod layout;
+mod ocsp;
 mod ops;
 mod policy;
 mod proxy_protocol;

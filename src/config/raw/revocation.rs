@@ -45,6 +45,40 @@ pub struct RawRevocation {
     /// CA bundle (PEM) that `https://` CRL servers are verified against. Default: none
     /// (an `https://` fetch then fails: CRLs are signed, `http://` is the usual way).
     pub tls_ca: Option<PathBuf>,
+    /// OCSP for Leader certificates (RFC 6960): `off`, `soft` (asked; only a `revoked`
+    /// answer refuses, -32010 `revoked`) or `hard` (no request passes without a `good`
+    /// answer: -32010 `revocation_status_unknown`). Default: `off`.
+    pub ocsp: crate::revocation::settings::OcspPolicy,
+    /// The responder asked for a Leader certificate whose Authority Information Access
+    /// names none (http/https). Default: none (such a certificate is not asked about;
+    /// under `hard` it is refused).
+    pub ocsp_url: Option<String>,
+    /// A query (connect, request, answer) that takes longer fails; under `hard`, the
+    /// longest a request waits for an answer not yet cached. Default: 3 s.
+    #[serde(with = "humantime_serde")]
+    pub ocsp_timeout: Duration,
+    /// Clock difference allowed on an answer's `thisUpdate` (not after now plus this) and
+    /// `nextUpdate` (not before now minus this). Default: 5 min.
+    #[serde(with = "humantime_serde")]
+    pub ocsp_clock_skew: Duration,
+    /// Answers cached at most (one per issuer and serial, about 200 bytes each); past it
+    /// the expired ones go first, then any one. Default: 10,000.
+    pub ocsp_max_entries: usize,
+    /// The longest an answer is used (until its `nextUpdate`, at most this long after it
+    /// was received; an answer without `nextUpdate` is taken as valid this long after its
+    /// `thisUpdate`): how late a revocation is seen at most. Default: 1 h.
+    #[serde(with = "humantime_serde")]
+    pub ocsp_max_age: Duration,
+    /// Largest OCSP response accepted, in bytes. Default: 64 KiB.
+    pub ocsp_max_response_bytes: usize,
+    /// After a failed query (no answer, or one not taken), the certificate is asked
+    /// again this long after. Default: 10 s.
+    #[serde(with = "humantime_serde")]
+    pub ocsp_retry_interval: Duration,
+    /// Queries queued or in flight at most; a certificate that finds the queue full is
+    /// counted (`ocsp_errors_total{reason="queue_full"}`) and treated as unanswered.
+    /// Default: 64.
+    pub ocsp_max_queries: usize,
 }
 
 impl Default for RawRevocation {
@@ -60,6 +94,15 @@ impl Default for RawRevocation {
             retry_interval: d30s(),
             jitter: 0.1,
             tls_ca: None,
+            ocsp: Default::default(),
+            ocsp_url: None,
+            ocsp_timeout: Duration::from_secs(3),
+            ocsp_clock_skew: d5m(),
+            ocsp_max_entries: 10_000,
+            ocsp_max_age: Duration::from_secs(3600),
+            ocsp_max_response_bytes: 64 * 1024,
+            ocsp_retry_interval: Duration::from_secs(10),
+            ocsp_max_queries: 64,
         }
     }
 }
