@@ -162,8 +162,10 @@ async fn a_full_listener_closes_the_connection_idle_longest() {
         if i == 0 {
             // The new connection comes between this request and the next.
             let a = pki.leader(LEADER_A, false);
+            // Without eviction it would wait for `second`'s idle timeout (60 s by
+            // default); 10 s leaves room for a busy machine's handshake.
             let r = tokio::time::timeout(
-                Duration::from_secs(1),
+                Duration::from_secs(10),
                 a.post(gw.addr, "/p/rpc", &rpc_start("1", LEADER_A, "ta")),
             )
             .await
