@@ -250,7 +250,13 @@ pub async fn pair(
     partner: &str,
 ) -> (TestGateway, TestGateway) {
     let text = config(pki, redis, cluster_lines, sections, partner);
-    (start_gateway(&text).await, start_gateway(&text).await)
+    let (a, b) = (start_gateway(&text).await, start_gateway(&text).await);
+    // Both connected to the store before the test speaks to them: on a cluster the first
+    // connection (slot discovery, one per master) can outlast a short command_timeout.
+    for gw in [&a, &b] {
+        until_metric(gw, "aipgw_cluster_redis_up", 1.0, Duration::from_secs(10)).await;
+    }
+    (a, b)
 }
 
 /// Two instances on one [`config`] in front of `partner`, and `LEADER_A` to call them.
@@ -646,7 +652,9 @@ async fn a_task_started_on_one_instance_is_owned_on_every_instance_on_a_redis_cl
 async fn a_task_started_on_one_instance_is_owned_on_every_instance_on(redis: &impl Store) {
     let pki = Pki::new();
     let partner = TestPartner::start(Behaviour::RefuseFrom("refused-task")).await;
-    let (a, b) = pair(&pki, redis, FAST, "", &partner.url()).await;
+    // Not a test of timeouts: a second, so two busy cores do not turn an owner lookup
+    // into `on_error`'s local decision.
+    let (a, b) = pair(&pki, redis, "command_timeout = \"1s\"", "", &partner.url()).await;
     let (la, lb) = (pki.leader(LEADER_A, false), pki.leader(LEADER_B, false));
     let cancel = |id: &str, sender: &str, task: &str| {
         rpc_start(id, sender, task).replace("\"start\"", "\"cancel\"")
