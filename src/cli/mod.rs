@@ -2,6 +2,7 @@
 
 mod commands;
 mod run;
+mod shared;
 
 use std::path::PathBuf;
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use super::commands::{failed, open_files, shared_store, shutdown_signal, usage, Failure};
+use super::shared::{failed, open_files, shared_store, shutdown_signal, usage, Failure};
 use crate::config::{Config, ListenerConfig};
 use crate::server::handover::{self, Control, Offered, Predecessor};
 
