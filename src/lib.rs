@@ -39,7 +39,8 @@
 //! - [`config`]: TOML -> validated [`config::Config`]; nothing is re-checked per request.
 //! - [`server`]: the listening side only: accept loop, handshake timeout, connection caps
 //!   (total, per source, idle connections closed to admit new ones), idle and drain
-//!   handling.
+//!   handling; `server::handover`: the listening sockets handed to a new process
+//!   (`run --take-over`), the old one draining.
 //! - [`background`]: every task beside the listener (upkeep, cluster loops, the replay
 //!   writer, the admin listener, the reload watcher), owned in one place and stopped in
 //!   order after the drain: the replay writer flushed, then the loops, then the services.

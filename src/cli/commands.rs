@@ -9,21 +9,9 @@ use std::process::ExitCode;
 use super::{Cli, Command};
 use crate::config::Config;
 use clap::Parser;
-use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
-const EX_USAGE: u8 = 64;
-
-/// A failure and the exit code it maps to.
-struct Failure(u8, anyhow::Error);
-
-fn usage(e: anyhow::Error) -> Failure {
-    Failure(EX_USAGE, e)
-}
-
-fn failed(e: anyhow::Error) -> Failure {
-    Failure(1, e)
-}
+use super::shared::{failed, open_files, shared_store, usage, Failure, EX_USAGE};
 
 /// The `aipgw` binary's whole work: parse the command line, run the command, map the
 /// outcome to an exit code.
@@ -38,7 +26,7 @@ pub fn main() -> ExitCode {
     };
     // `run` and `demo` log as their config says; a bad config is reported before that.
     let path = match &cli.command {
-        Command::Run { config } => Some(config),
+        Command::Run { config, .. } => Some(config),
         #[cfg(feature = "dev")]
         Command::Demo { config } => Some(config),
         _ => None,
@@ -109,75 +97,15 @@ fn init_tracing(level: &str, json: bool) {
     }
 }
 
-/// The admin listener, if configured: bound here, served while the returned future runs.
-async fn admin_listener(
-    cfg_bind: Option<std::net::SocketAddr>,
-    gateway: &std::sync::Arc<crate::Gateway>,
-) -> Result<Option<impl std::future::Future<Output = ()> + Send + 'static>, Failure> {
-    let Some(bind) = cfg_bind else {
-        return Ok(None);
-    };
-    let listener = TcpListener::bind(bind).await.map_err(|e| {
-        failed(anyhow::anyhow!(
-            "cannot bind the admin listener {bind}: {e}"
-        ))
-    })?;
-    tracing::info!(%bind, "admin listener: /healthz /readyz /metrics");
-    Ok(Some(crate::admin::run(
-        listener,
-        gateway.clone(),
-        std::future::pending(),
-    )))
-}
-
 async fn dispatch(
     command: Command,
     config: Option<Config>,
     at_load: Option<crate::reload::AtLoad>,
 ) -> Result<(), Failure> {
     match command {
-        Command::Run { .. } => {
+        Command::Run { take_over, .. } => {
             let cfg = config.ok_or_else(|| usage(anyhow::anyhow!("no config")))?;
-            let (bind, admin_bind) = (cfg.listener.bind, cfg.admin_bind);
-            let (cfg_scheduler, worker_count) = (cfg.scheduler, cfg.workers());
-            let cache_flush = cfg.cache_flush_interval;
-            // The certificates, keys and CRLs as they are before the gateway reads them.
-            let reload = cfg.source.clone().map(|p| {
-                let at_load = at_load.unwrap_or_default().and_named(&p, &cfg);
-                (p, cfg.reload_watch, cfg.reload_debounce, at_load)
-            });
-            open_files(&cfg)?;
-            let gateway = crate::Gateway::new(cfg).map_err(usage)?;
-            shared_store(&gateway, false).await.map_err(usage)?;
-            let listener = TcpListener::bind(bind)
-                .await
-                .map_err(|e| failed(anyhow::anyhow!("cannot bind {bind}: {e}")))?;
-            // Everything beside the listener has one owner, stopped in order after the drain.
-            let mut background = crate::background::Background::start(&gateway);
-            if let Some(admin) = admin_listener(admin_bind, &gateway).await? {
-                background.spawn(admin);
-            }
-            // SIGHUP always reloads; file changes too unless `reload.watch = false`.
-            if let Some((path, watch, debounce, at_load)) = reload {
-                let g = gateway.clone();
-                background.spawn(crate::reload::watcher(g, path, debounce, watch, at_load));
-            }
-            let workers = match cfg_scheduler {
-                crate::config::Scheduler::PerCore => Some(std::sync::Arc::new(
-                    crate::workers::Workers::start(worker_count, cache_flush)
-                        .map_err(|e| failed(anyhow::anyhow!("cannot start the workers: {e}")))?,
-                )),
-                crate::config::Scheduler::Shared => None,
-            };
-            tracing::info!(%bind, workers = worker_count, scheduler = ?cfg_scheduler, "aipgw listening");
-            let result =
-                crate::server::listen(listener, gateway, shutdown_signal(), workers.clone())
-                    .await
-                    .map_err(failed);
-            background.shutdown().await;
-            // After the drain: whatever is left on the workers is cancelled.
-            drop(workers);
-            result
+            super::run::run(cfg, at_load, take_over).await
         }
         Command::Check { config } => {
             let cfg = Config::load(&config).map_err(failed)?;
@@ -215,17 +143,17 @@ async fn dispatch(
             }
         }
         #[cfg(feature = "dev")]
-        Command::Demo { config: path } => crate::demo::run(&path, shutdown_signal())
+        Command::Demo { config: path } => crate::demo::run(&path, super::shared::shutdown_signal())
             .await
             .map_err(usage),
         #[cfg(feature = "dev")]
         Command::DemoPartner { bind } => {
-            let listener = TcpListener::bind(&bind)
+            let listener = tokio::net::TcpListener::bind(&bind)
                 .await
                 .map_err(|e| failed(anyhow::anyhow!("cannot bind {bind}: {e}")))?;
             eprintln!("demo Partner on http://{bind}");
             let partner = crate::demo::DemoPartner::new(Default::default());
-            crate::demo::partner::serve(listener, partner, shutdown_signal())
+            crate::demo::partner::serve(listener, partner, super::shared::shutdown_signal())
                 .await
                 .map_err(|e| failed(e.into()))
         }
@@ -236,69 +164,4 @@ async fn dispatch(
             Ok(())
         }
     }
-}
-
-/// In cluster mode, asks the shared store what it is (within `cluster.connect_timeout`):
-/// one that does not fit `cluster.topology` (a Redis Cluster node or a replica named as
-/// the single master, ...) is refused, with what to configure; one that cannot be reached
-/// is reported and the gateway starts anyway (it follows `cluster.on_error` until the
-/// store answers, and asks again then). `check` prints what it found.
-async fn shared_store(gateway: &crate::Gateway, print: bool) -> anyhow::Result<()> {
-    let Some(cluster) = gateway.snapshot().cluster.clone() else {
-        return Ok(());
-    };
-    let fail = |msg: String| anyhow::anyhow!("cluster.topology: {msg}");
-    match cluster.check_topology().await.map_err(fail)? {
-        crate::cluster::Reached::Fits(what) if print => println!("redis: {what}"),
-        crate::cluster::Reached::Fits(what) => tracing::info!(%what, "redis reached"),
-        crate::cluster::Reached::Unreachable(e) if print => {
-            println!("redis: not reachable ({e}): what it is was not checked")
-        }
-        crate::cluster::Reached::Unreachable(e) => {
-            tracing::warn!(error = %e, "redis not reachable at start: what it is is checked once it answers")
-        }
-    }
-    Ok(())
-}
-
-/// The open-file check (`crate::fdlimit::ensure`, the same for `check`, `run` and a
-/// reload), the limit it found logged either way.
-fn open_files(cfg: &Config) -> Result<crate::fdlimit::NofileLimit, Failure> {
-    let checked = crate::fdlimit::ensure(cfg);
-    let limit = match &checked {
-        Ok(l) => Some(*l),
-        Err(e) => e.limit,
-    };
-    if let Some(l) = limit {
-        tracing::info!(
-            soft_before = l.soft_before,
-            soft = l.soft,
-            hard = l.hard,
-            "open-file limit"
-        );
-    }
-    checked.map_err(|e| failed(e.into()))
-}
-
-/// Completes on Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
-    }
-    tracing::info!("shutting down: draining connections");
 }

@@ -1,6 +1,8 @@
 //! The command line: its arguments (clap) here, what each command does in `commands`.
 
 mod commands;
+mod run;
+mod shared;
 
 use std::path::PathBuf;
 
@@ -29,6 +31,11 @@ pub enum Command {
         /// Config file.
         #[arg(long, short)]
         config: PathBuf,
+        /// Take the listening sockets over from the gateway running with this config's
+        /// `listener.handover_socket`; it stops accepting and drains once this one
+        /// serves (an upgrade without a refused connection).
+        #[arg(long)]
+        take_over: bool,
     },
     /// Load and validate a config, including every certificate and key it names.
     Check {

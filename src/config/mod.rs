@@ -134,6 +134,9 @@ pub struct ListenerConfig {
     pub unverified_idle_timeout: Duration,
     /// Time open requests get to finish at shutdown.
     pub drain_timeout: Duration,
+    /// At a drain, how long an idle HTTP/1.1 connection stays open for a request on its
+    /// way.
+    pub drain_idle_grace: Duration,
     /// The HTTP status of the gateway's JSON-RPC errors: `mapped` or `ok` (200).
     pub error_status: raw::ErrorStatus,
     /// TLS sessions remembered for resumption (TLS 1.3 tickets naming a server-side
@@ -145,6 +148,10 @@ pub struct ListenerConfig {
     pub verdict_cache: usize,
     /// PROXY headers from load balancers (`[listener.proxy_protocol]`).
     pub proxy_protocol: ProxyProtocol,
+    /// The control socket a new process takes the listening sockets over through.
+    pub handover_socket: Option<PathBuf>,
+    /// How long each side of a hand-over waits for the other.
+    pub handover_timeout: Duration,
 }
 
 /// `[upstream]`, validated. Field meanings and defaults: see [`raw::RawUpstream`].
@@ -398,6 +405,7 @@ fn resolve_paths(raw: &mut RawConfig, base: &Path) {
     let l = &mut raw.listener;
     resolve(&mut l.cert);
     resolve(&mut l.key);
+    l.handover_socket.iter_mut().for_each(resolve);
     l.client_ca
         .iter_mut()
         .chain(l.crl.iter_mut())

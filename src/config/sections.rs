@@ -43,6 +43,7 @@ impl TryFrom<raw::RawListener> for ListenerConfig {
             bail!("listener.client_ca: at least one CA bundle is required");
         }
         positive("listener.handshake_timeout", l.handshake_timeout)?;
+        positive("listener.handover_timeout", l.handover_timeout)?;
         positive("listener.header_read_timeout", l.header_read_timeout)?;
         positive("listener.body_read_timeout", l.body_read_timeout)?;
         positive("listener.idle_timeout", l.idle_timeout)?;
@@ -80,10 +81,13 @@ impl TryFrom<raw::RawListener> for ListenerConfig {
             max_connections_per_ip: l.max_connections_per_ip,
             unverified_idle_timeout: l.unverified_idle_timeout,
             drain_timeout: l.drain_timeout,
+            drain_idle_grace: l.drain_idle_grace,
             error_status: l.error_status,
             tls_session_cache: l.tls_session_cache,
             verdict_cache: l.verdict_cache,
             proxy_protocol: super::ProxyProtocol::try_from(&l.proxy_protocol)?,
+            handover_socket: l.handover_socket,
+            handover_timeout: l.handover_timeout,
         })
     }
 }

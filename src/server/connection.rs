@@ -54,7 +54,7 @@ pub(super) async fn serve_connection(
     let verified = aic.is_some();
     let activity = Arc::new(Activity::new(verified));
     let _registered = idle_conns.register(&activity);
-    let bounds = Bounds::for_connection(&l, verified);
+    let bounds = Bounds::for_connection(&l, verified, h2);
     // The request path (`crate::layers`), built once for this connection, ending in
     // the Partner call.
     let stack = layers::stack(gateway, conn.clone());
@@ -171,13 +171,16 @@ fn requests(
             // answer is its last. (One verified then and refused since, after a reload or
             // a block, stays open: a later reload may admit it again.)
             let refused = unverified.is_some_and(|c| c.auth_refused.load(Ordering::Relaxed));
+            // Answered while the connection closes (a drain lets an idle HTTP/1.1
+            // connection take one more request): the client is told, and hyper closes
+            // it after this answer.
+            if !h2 && (refused || guard.0.closing()) {
+                resp.headers_mut().insert(
+                    http::header::CONNECTION,
+                    http::HeaderValue::from_static("close"),
+                );
+            }
             if refused {
-                if !h2 {
-                    resp.headers_mut().insert(
-                        http::header::CONNECTION,
-                        http::HeaderValue::from_static("close"),
-                    );
-                }
                 guard.0.ask(Asked::Reply);
             }
             // The request counts as active until its response body ends.
@@ -264,6 +267,7 @@ pub(super) fn protocol_error(e: &hyper::Error) -> Option<&'static str> {
 pub(super) struct ConnSettings {
     idle_timeout: Duration,
     unverified_idle_timeout: Duration,
+    drain_idle_grace: Duration,
     header_read_timeout: Duration,
     http2_max_concurrent_streams: u32,
     http2_keepalive_timeout: Duration,
@@ -274,6 +278,7 @@ impl ConnSettings {
         ConnSettings {
             idle_timeout: l.idle_timeout,
             unverified_idle_timeout: l.unverified_idle_timeout,
+            drain_idle_grace: l.drain_idle_grace,
             header_read_timeout: l.header_read_timeout,
             http2_max_concurrent_streams: l.http2_max_concurrent_streams,
             http2_keepalive_timeout: l.http2_keepalive_timeout,
@@ -291,12 +296,17 @@ pub(super) struct Bounds {
     /// Asked to finish after a refusal's answer ([`Asked::Reply`]), it is dropped if it
     /// has not finished after this long.
     pub(super) reply_grace: Duration,
+    /// At a drain with no request in flight, it is asked to finish only after this long
+    /// (`listener.drain_idle_grace`, HTTP/1.1 only): a request already on its way is
+    /// answered (with `Connection: close`) rather than have the connection closed under
+    /// it. HTTP/2's GOAWAY already tells a client which requests were taken.
+    pub(super) drain_grace: Option<Duration>,
 }
 
 impl Bounds {
     /// A connection without a verified AIC has nothing to do but be refused: it may stay
     /// idle only briefly, and after a refusal's answer it is closed.
-    fn for_connection(l: &ConnSettings, verified: bool) -> Bounds {
+    fn for_connection(l: &ConnSettings, verified: bool, h2: bool) -> Bounds {
         Bounds {
             idle: if verified {
                 l.idle_timeout
@@ -305,6 +315,7 @@ impl Bounds {
             },
             idle_grace: (!verified).then_some(CLOSE_GRACE),
             reply_grace: l.unverified_idle_timeout,
+            drain_grace: (!h2 && !l.drain_idle_grace.is_zero()).then_some(l.drain_idle_grace),
         }
     }
 }
@@ -343,6 +354,7 @@ pub(super) async fn drive<C: Closable>(
         idle,
         idle_grace,
         reply_grace,
+        drain_grace,
     } = bounds;
     let mut conn = std::pin::pin!(conn);
     let watch = async {
@@ -359,6 +371,8 @@ pub(super) async fn drive<C: Closable>(
     // Once asked to finish: when to drop it if it has not, and whether only when no
     // request is in flight then.
     let mut force: Option<(Pin<Box<tokio::time::Sleep>>, bool)> = None;
+    // Drained while idle (HTTP/1.1): when to ask it to finish.
+    let mut linger: Option<Pin<Box<tokio::time::Sleep>>> = None;
     let ended = std::future::poll_fn(|cx| {
         signal.task.register(cx.waker());
         if why.is_none()
@@ -377,8 +391,20 @@ pub(super) async fn drive<C: Closable>(
                     Why::Asked(_) => Some((reply_grace, false)),
                 };
                 force = grace.map(|(d, if_idle)| (Box::pin(tokio::time::sleep(d)), if_idle));
-                conn.as_mut().close_gracefully();
+                match drain_grace {
+                    Some(d) if w == Why::Drain && activity.active.load(Ordering::Acquire) == 0 => {
+                        linger = Some(Box::pin(tokio::time::sleep(d)));
+                    }
+                    _ => conn.as_mut().close_gracefully(),
+                }
             }
+        }
+        if linger
+            .as_mut()
+            .is_some_and(|l| l.as_mut().poll(cx).is_ready())
+        {
+            linger = None;
+            conn.as_mut().close_gracefully();
         }
         let polled = conn.as_mut().poll(cx);
         if polled.is_pending() {

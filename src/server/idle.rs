@@ -82,6 +82,12 @@ impl Activity {
         first
     }
 
+    /// Whether it is closing for its own reasons (a drain, idleness): a response then
+    /// tells an HTTP/1.1 client so (`Connection: close`).
+    pub(super) fn closing(&self) -> bool {
+        self.why.load(Ordering::Acquire) == Asked::Closing as u8
+    }
+
     /// Why it was asked.
     pub(super) fn why(&self) -> Asked {
         match self.why.load(Ordering::Acquire) {

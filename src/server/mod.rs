@@ -45,6 +45,7 @@ use crate::timers::HeadTimer;
 use crate::workers::Workers;
 
 mod connection;
+pub mod handover;
 mod idle;
 mod proxy;
 mod sources;
@@ -281,6 +282,7 @@ mod tests {
             idle,
             idle_grace: None,
             reply_grace: Duration::from_secs(5),
+            drain_grace: None,
         }
     }
 

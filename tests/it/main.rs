@@ -29,5 +29,6 @@ mod sdk;
 mod streams;
 mod support;
 mod timeouts;
+mod upgrade;
 mod upstream;
 mod v2;

@@ -93,3 +93,7 @@ pub(super) fn default_pool_idle() -> usize {
 pub(super) fn default_upstream_connections() -> usize {
     4096
 }
+
+pub(super) fn d500ms() -> Duration {
+    Duration::from_millis(500)
+}

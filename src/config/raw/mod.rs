@@ -286,6 +286,11 @@ pub struct RawListener {
     /// Time open requests get to finish at shutdown.
     #[serde(default = "d30s", with = "humantime_serde")]
     pub drain_timeout: Duration,
+    /// At a drain, an HTTP/1.1 connection with no request in flight stays open this long
+    /// for a request already on its way (answered with `Connection: close`), instead of
+    /// being closed under it; then it is closed. Default `500ms`; `0s` closes it at once.
+    #[serde(default = "d500ms", with = "humantime_serde")]
+    pub drain_idle_grace: Duration,
     /// The HTTP status of the gateway's JSON-RPC errors: `mapped` or `ok` (200).
     #[serde(default)]
     pub error_status: ErrorStatus,
@@ -301,6 +306,17 @@ pub struct RawListener {
     /// `[listener.proxy_protocol]`: PROXY headers from load balancers. Default: off.
     #[serde(default)]
     pub proxy_protocol: RawProxyProtocol,
+    /// Path of the control socket (mode 0600) on which this process hands its listening
+    /// sockets to a new `aipgw run --take-over` (upgrades without a refused connection,
+    /// `server::handover`), relative to the config file's folder. Default: none (no
+    /// hand-over; a new process cannot bind the port while this one runs).
+    #[serde(default)]
+    pub handover_socket: Option<PathBuf>,
+    /// How long each side of a hand-over waits for the other: the new process for the
+    /// sockets and the old one's answer, the old process for the new one to say it
+    /// serves (otherwise the old one keeps serving). Default `30s`.
+    #[serde(default = "d30s", with = "humantime_serde")]
+    pub handover_timeout: Duration,
 }
 
 /// `[identity]`

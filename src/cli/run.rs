@@ -1,0 +1,194 @@
+//! `aipgw run`: the gateway's sockets (bound here, or taken over from the running
+//! process: `crate::server::handover`), the work beside the listener, the listener until
+//! SIGTERM or a hand-over to a new process, then the ordered stop.
+
+use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use super::shared::{failed, open_files, shared_store, shutdown_signal, usage, Failure};
+use crate::config::{Config, ListenerConfig};
+use crate::server::handover::{self, Control, Offered, Predecessor};
+
+/// The sockets `run` serves on.
+struct Sockets {
+    main: TcpListener,
+    /// The admin listener's socket when it was taken over (otherwise bound later).
+    admin: Option<TcpListener>,
+    /// The control socket a successor takes these sockets over through.
+    control: Option<Control>,
+    /// The process these sockets were taken from, serving until told this one does.
+    predecessor: Option<Predecessor>,
+}
+
+/// Runs the gateway until SIGTERM/SIGINT or a hand-over, then drains and stops in order.
+pub(super) async fn run(
+    cfg: Config,
+    at_load: Option<crate::reload::AtLoad>,
+    take_over: bool,
+) -> Result<(), Failure> {
+    let (bind, admin_bind) = (cfg.listener.bind, cfg.admin_bind);
+    let (cfg_scheduler, worker_count) = (cfg.scheduler, cfg.workers());
+    let cache_flush = cfg.cache_flush_interval;
+    let handover_timeout = cfg.listener.handover_timeout;
+    // The certificates, keys and CRLs as they are before the gateway reads them.
+    let reload = cfg.source.clone().map(|p| {
+        let at_load = at_load.unwrap_or_default().and_named(&p, &cfg);
+        (p, cfg.reload_watch, cfg.reload_debounce, at_load)
+    });
+    open_files(&cfg)?;
+    let sockets = sockets(&cfg.listener, admin_bind, take_over).await?;
+    let gateway = crate::Gateway::new(cfg).map_err(usage)?;
+    shared_store(&gateway, false).await.map_err(usage)?;
+    // Set once a successor serves on these sockets: this process stops accepting.
+    let (handed_tx, handed_rx) = watch::channel(false);
+    // Everything beside the listener has one owner, stopped in order after the drain.
+    let mut background = crate::background::Background::start(&gateway);
+    let admin = admin_socket(admin_bind, sockets.admin).await?;
+    if let Some(control) = sockets.control {
+        let offered = Offered {
+            main: dup(&sockets.main)?,
+            admin: admin.as_ref().map(dup).transpose()?,
+        };
+        let path = control.path().display().to_string();
+        tracing::info!(%path, "hand-over offered on the control socket");
+        background.spawn(async move {
+            let pid = handover::offer(control, offered, handover_timeout).await;
+            tracing::info!(pid, "the listening sockets were taken over: draining");
+            handed_tx.send_replace(true);
+        });
+    }
+    if let Some(admin) = admin {
+        let stop = handed(handed_rx.clone());
+        background.spawn(crate::admin::run(admin, gateway.clone(), stop));
+    }
+    // SIGHUP always reloads; file changes too unless `reload.watch = false`.
+    if let Some((path, watch, debounce, at_load)) = reload {
+        let g = gateway.clone();
+        background.spawn(crate::reload::watcher(g, path, debounce, watch, at_load));
+    }
+    let workers = match cfg_scheduler {
+        crate::config::Scheduler::PerCore => Some(Arc::new(
+            crate::workers::Workers::start(worker_count, cache_flush)
+                .map_err(|e| failed(anyhow::anyhow!("cannot start the workers: {e}")))?,
+        )),
+        crate::config::Scheduler::Shared => None,
+    };
+    if let Some(p) = sockets.predecessor {
+        match p.ready(handover_timeout).await {
+            Ok(pid) => tracing::info!(pid, "took the listening sockets over"),
+            Err(e) => tracing::warn!(error = %e, "took the listening sockets over"),
+        }
+    }
+    tracing::info!(%bind, workers = worker_count, scheduler = ?cfg_scheduler, "aipgw listening");
+    let stop = async {
+        tokio::select! {
+            _ = shutdown_signal() => {}
+            _ = handed(handed_rx) => {}
+        }
+    };
+    let result = crate::server::listen(sockets.main, gateway, stop, workers.clone())
+        .await
+        .map_err(failed);
+    background.shutdown().await;
+    // After the drain: whatever is left on the workers is cancelled.
+    drop(workers);
+    result
+}
+
+/// The admin listener's socket, if configured: `inherited` from the process taken over,
+/// or bound here.
+async fn admin_socket(
+    bind: Option<SocketAddr>,
+    inherited: Option<TcpListener>,
+) -> Result<Option<TcpListener>, Failure> {
+    let Some(bind) = bind else {
+        return Ok(None);
+    };
+    let listener = match inherited {
+        Some(l) => l,
+        None => TcpListener::bind(bind).await.map_err(|e| {
+            failed(anyhow::anyhow!(
+                "cannot bind the admin listener {bind}: {e}"
+            ))
+        })?,
+    };
+    tracing::info!(%bind, "admin listener: /healthz /readyz /metrics");
+    Ok(Some(listener))
+}
+
+/// Completes once a successor has taken the sockets over (never if none does).
+async fn handed(mut rx: watch::Receiver<bool>) {
+    if rx.wait_for(|h| *h).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// A second descriptor of `listener`'s socket, to hand over.
+fn dup(listener: &TcpListener) -> Result<std::os::fd::OwnedFd, Failure> {
+    listener
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| failed(e.into()))
+}
+
+/// The listening sockets: taken over from the running gateway (`--take-over`), or bound,
+/// with the control socket if `listener.handover_socket` is set.
+async fn sockets(
+    l: &ListenerConfig,
+    admin_bind: Option<SocketAddr>,
+    take_over: bool,
+) -> Result<Sockets, Failure> {
+    let path = l.handover_socket.as_deref();
+    if !take_over {
+        let main = TcpListener::bind(l.bind)
+            .await
+            .map_err(|e| failed(anyhow::anyhow!("cannot bind {}: {e}", l.bind)))?;
+        let control = match path {
+            Some(p) => Some(Control::bind(p).await.map_err(failed)?),
+            None => None,
+        };
+        return Ok(Sockets {
+            main,
+            admin: None,
+            control,
+            predecessor: None,
+        });
+    }
+    let path = path.ok_or_else(|| {
+        usage(anyhow::anyhow!(
+            "--take-over: the config sets no listener.handover_socket"
+        ))
+    })?;
+    let got = handover::take_over(path, l.handover_timeout)
+        .await
+        .map_err(failed)?;
+    let addr = got.main.local_addr().map_err(|e| failed(e.into()))?;
+    if !same(addr, l.bind) {
+        return Err(usage(anyhow::anyhow!(
+            "--take-over: the running gateway listens on {addr}, listener.bind is {}",
+            l.bind
+        )));
+    }
+    // The admin socket is used where the config names the same address; otherwise it is
+    // bound anew (and the old process's is closed once it stops).
+    let admin = got
+        .admin
+        .filter(|a| matches!((a.local_addr(), admin_bind), (Ok(a), Some(b)) if same(a, b)));
+    let tokio = |l: std::net::TcpListener| TcpListener::from_std(l).map_err(|e| failed(e.into()));
+    Ok(Sockets {
+        main: tokio(got.main)?,
+        admin: admin.map(tokio).transpose()?,
+        control: Some(got.control),
+        predecessor: Some(got.predecessor),
+    })
+}
+
+/// Whether a socket bound to `addr` is the one a config naming `bind` asks for (port 0:
+/// any port on that address).
+fn same(addr: SocketAddr, bind: SocketAddr) -> bool {
+    addr == bind || (bind.port() == 0 && addr.ip() == bind.ip())
+}
