@@ -106,8 +106,7 @@ where
     within(5, read_to_end(tls)).await;
     let took = started.elapsed();
     assert!(
-        took + Duration::from_millis(50) >= earliest
-            && took < (HEADER_TIMEOUT + IDLE_TIMEOUT) / 2,
+        took + Duration::from_millis(50) >= earliest && took < (HEADER_TIMEOUT + IDLE_TIMEOUT) / 2,
         "closed after {took:?}: header timeout {HEADER_TIMEOUT:?}, idle {IDLE_TIMEOUT:?}"
     );
 }
