@@ -38,7 +38,10 @@ impl HeapStats {
 
 /// The figures as of now (jemalloc caches them until its epoch advances, done here).
 #[cfg(feature = "jemalloc")]
-#[allow(unsafe_code)] // one `mallctl` read the typed API has no name for
+#[expect(
+    unsafe_code,
+    reason = "one `mallctl` read the typed API has no name for"
+)]
 pub fn stats() -> Option<HeapStats> {
     use tikv_jemalloc_ctl::{epoch, stats};
     epoch::advance().ok()?;
@@ -75,7 +78,10 @@ pub fn stats() -> Option<HeapStats> {
 /// after its sweeps. Cheap (the cache is emptied in batches); nothing in a build without
 /// jemalloc, or where jemalloc is linked but not the allocator. Whether jemalloc did it.
 #[cfg(feature = "jemalloc")]
-#[allow(unsafe_code)] // `mallctl` with no value, which the ctl crate cannot make
+#[expect(
+    unsafe_code,
+    reason = "`mallctl` with no value, which the ctl crate cannot make"
+)]
 pub fn flush_thread_cache() -> bool {
     // SAFETY: a NUL-terminated name; `thread.tcache.flush` reads and writes nothing, and
     // refuses any value pointer, so all four are null.

@@ -106,7 +106,10 @@ impl CredentialError {
 
     /// Classifies a rustls chain-verification error.
     pub fn from_tls(err: &TlsError) -> Self {
-        #[allow(deprecated)]
+        #[expect(
+            deprecated,
+            reason = "rustls' older error variants are still matched, so a chain error from either spelling is classified"
+        )]
         match err {
             TlsError::InvalidCertificate(c) => match c {
                 CertificateError::UnknownIssuer => CredentialError::UnknownIssuer,

@@ -149,9 +149,9 @@ pub fn answer_shape(body: &[u8]) -> AnswerShape {
     }
     #[derive(serde::Deserialize)]
     struct ErrorObject<'a> {
-        #[allow(dead_code)]
+        #[expect(dead_code, reason = "present in the shape checked, not read")]
         code: i64,
-        #[allow(dead_code)]
+        #[expect(dead_code, reason = "present in the shape checked, not read")]
         #[serde(borrow)]
         message: std::borrow::Cow<'a, str>,
     }

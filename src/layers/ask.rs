@@ -108,7 +108,6 @@ where
 }
 
 pin_project_lite::pin_project! {
-    #[allow(missing_docs)] // pin-project-lite takes no field docs; the variants say it
     /// An [`Asked`] step's future: the next step's, or the question and the next step,
     /// boxed.
     #[project = AskingProj]

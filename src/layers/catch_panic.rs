@@ -74,7 +74,6 @@ where
 }
 
 pin_project_lite::pin_project! {
-    #[allow(missing_docs)] // pin-project-lite takes no field docs; the variants say it
     /// `CatchPanic`'s future.
     #[project = CatchingProj]
     pub(crate) enum Catching<F> {

@@ -138,7 +138,6 @@ pub(crate) struct Sending {
 }
 
 pin_project_lite::pin_project! {
-    #[allow(missing_docs)] // pin-project-lite takes no field docs; the variants say it
     /// `Forward`'s future: a plain request's response head awaited unboxed; the rest (a
     /// stream, a `start` whose claim waits for the answer, an unusual answer to judge)
     /// boxed.

@@ -15,7 +15,6 @@ use crate::error::GatewayError;
 use crate::jsonrpc::{self, RpcId};
 
 pin_project_lite::pin_project! {
-    #[allow(missing_docs)] // pin-project-lite takes no field docs; the variants say it
     /// See the module documentation.
     #[project = HandingProj]
     pub(crate) enum Handing<F> {

@@ -66,7 +66,6 @@ where
 }
 
 pin_project_lite::pin_project! {
-    #[allow(missing_docs)] // pin-project-lite takes no field docs; the variants say it
     /// `ReadBody`'s future: reading, then the next step's future.
     #[project = ReadingProj]
     pub(crate) enum Reading<B, F, S: Service<Exchange<Bytes, F>>> {

@@ -281,7 +281,10 @@ impl Inner {
 
     /// A new entry for `owner` at `h` (room made first; whatever was at `h` goes: a hash
     /// collision with another task is astronomically rare), queued at the back.
-    #[allow(clippy::too_many_arguments)]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the entry's parts, each a borrowed field of the caller"
+    )]
     fn insert(
         &mut self,
         h: u64,
@@ -593,7 +596,10 @@ impl std::fmt::Debug for PendingClaim {
 /// Applies task ownership to one request: a `start` claims the task (provisionally: see
 /// `PendingClaim`), any other command on a `taskId` (including
 /// `notification/set|get|delete`) must come from its owner.
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the facts of one request, borrowed from the exchange"
+)]
 pub fn check_task(
     owners: &Arc<dyn TaskOwners>,
     unknown: UnknownTask,
