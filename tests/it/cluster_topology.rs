@@ -9,23 +9,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// Whether `bin` runs; outside CI a missing one skips the test (`false`).
-fn installed(bin: &str) -> bool {
-    let found = Command::new(bin)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .status()
-        .is_ok();
-    if !found {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{bin} is not installed (CI=true: .ci/run installs it)"
-        );
-        eprintln!("{bin} is not installed: test skipped");
-    }
-    found
-}
-
 /// A loopback port free now whose cluster bus port (+10000) is free too.
 fn free_port() -> u16 {
     loop {
@@ -152,7 +135,9 @@ impl RedisCluster {
     /// `masters` masters, each with `replicas` replicas; `None` (skip) without the
     /// binaries outside CI.
     pub fn start(masters: usize, replicas: usize) -> Option<RedisCluster> {
-        if !installed("redis-server") || !installed("redis-cli") {
+        if !crate::support::installed("redis-server", &["--version"])
+            || !crate::support::installed("redis-cli", &["--version"])
+        {
             return None;
         }
         let dir = tempfile::tempdir().unwrap();
@@ -268,7 +253,7 @@ pub struct Sentinels {
 impl Sentinels {
     /// A master and `replicas` replicas replicating, without Sentinels.
     pub fn start_without_sentinels(replicas: usize) -> Option<Sentinels> {
-        if !installed("redis-server") {
+        if !crate::support::installed("redis-server", &["--version"]) {
             return None;
         }
         let dir = tempfile::tempdir().unwrap();

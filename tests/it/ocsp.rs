@@ -20,24 +20,6 @@ use tokio::net::TcpListener;
 
 use crate::support::*;
 
-/// Whether `program --version` runs; outside CI a missing one skips the test.
-fn installed(program: &str, args: &[&str]) -> bool {
-    let found = Command::new(program)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{program} {args:?} failed (CI=true: it must be installed)"
-        );
-        eprintln!("{program} is not usable: test skipped");
-    }
-    found
-}
-
 /// One index line: `V` (valid) or `R` (revoked) for `cert`.
 fn index_line(cert: &Issued, revoked: bool) -> String {
     let serial = format!("{:X}", cert.serial);

@@ -980,3 +980,22 @@ pub async fn metric(gw: &TestGateway, key: &str, want: f64) -> HashMap<String, f
     })
     .await
 }
+
+/// Whether `program` with `args` runs and succeeds. Outside CI a missing tool skips the
+/// test (`false`); under `CI=true` it is a failure (`.ci/run` installs what the tests use).
+pub fn installed(program: &str, args: &[&str]) -> bool {
+    let found = std::process::Command::new(program)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{program} {args:?} failed (CI=true: .ci/run installs it)"
+        );
+        eprintln!("{program} is not usable: test skipped");
+    }
+    found
+}
