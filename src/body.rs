@@ -178,6 +178,14 @@ where
     }
 }
 
+/// The `Content-Length` a message declares, when it is one number.
+pub(crate) fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
+    headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -261,11 +261,7 @@ impl State {
 
     /// The request's declared `Content-Length`.
     pub(crate) fn content_length(&self) -> Option<u64> {
-        self.head
-            .headers
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok())
+        crate::body::declared_length(&self.head.headers)
     }
 }
 

@@ -106,11 +106,7 @@ async fn get(
         _ => return Fetched::Failed("http_status"),
     }
     let max = settings.max_crl_bytes;
-    let declared = resp
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let declared = crate::body::declared_length(resp.headers());
     if declared.is_some_and(|n| n > max as u64) {
         return Fetched::Failed("too_large");
     }

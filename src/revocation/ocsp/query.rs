@@ -98,11 +98,7 @@ async fn post(
     if resp.status() != StatusCode::OK {
         return Err(Failure::HttpStatus);
     }
-    let declared = resp
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let declared = crate::body::declared_length(resp.headers());
     if declared.is_some_and(|n| n > max as u64) {
         return Err(Failure::TooLarge);
     }
