@@ -131,6 +131,7 @@ pub mod revocation;
 pub(crate) mod routing;
 pub mod server;
 pub(crate) mod sse;
+pub(crate) mod sync;
 #[cfg(any(test, feature = "test-util"))]
 pub mod test_util;
 pub(crate) mod timers;

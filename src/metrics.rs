@@ -619,7 +619,7 @@ impl Metrics {
             let at = soonest.entry(labels).or_insert(not_after);
             *at = (*at).min(not_after);
         }
-        let mut certs = self.certs.lock().unwrap_or_else(|p| p.into_inner());
+        let mut certs = crate::sync::lock(&self.certs);
         for (labels, not_after) in &soonest {
             self.cert_expiry.get_or_create(labels).set(*not_after);
         }

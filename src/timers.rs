@@ -168,7 +168,7 @@ impl Future for HeadSleep {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let mut timer = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        let mut timer = crate::sync::lock(&self.shared);
         timer.set(self.at);
         // Ready here means this deadline passed (the timer was just set to it).
         timer.poll_passed(cx)

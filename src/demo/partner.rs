@@ -165,7 +165,7 @@ impl DemoPartner {
     }
 
     fn tasks(&self) -> std::sync::MutexGuard<'_, HashMap<String, Task>> {
-        self.tasks.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.tasks)
     }
 
     /// Applies one `rpc` message (v1) or TaskCommand (v2) to the task table.
@@ -286,7 +286,7 @@ impl DemoPartner {
     ) -> Result<(), tokio::sync::mpsc::error::SendError<Bytes>> {
         let chunks = self.opts.stream_chunks;
         let mut state_rx = {
-            let mut w = self.watchers.lock().unwrap_or_else(|e| e.into_inner());
+            let mut w = crate::sync::lock(&self.watchers);
             if w.len() >= self.opts.max_tasks {
                 w.retain(|_, s| s.receiver_count() > 0);
             }

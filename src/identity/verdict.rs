@@ -68,7 +68,7 @@ impl Verdicts {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<[u8; 32], Arc<Judged>>> {
-        self.map.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.map)
     }
 
     /// The verdict on `key` if one stands at `now`.

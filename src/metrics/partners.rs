@@ -9,7 +9,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::hash::Hash;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use prometheus_client::metrics::family::{Family, MetricConstructor};
@@ -118,9 +118,7 @@ pub(crate) struct PartnerSeries {
     none: Arc<str>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::sync::lock;
 
 impl PartnerSeries {
     /// No Partner has series of its own until [`PartnerSeries::rebind`].

@@ -132,7 +132,7 @@ impl CrlSeries {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, i64>> {
-        self.this_update.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.this_update)
     }
 }
 

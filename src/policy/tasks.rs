@@ -226,7 +226,7 @@ impl MemoryTaskOwners {
 
     fn locate(&self, partner: &str, task: &str) -> (MutexGuard<'_, Inner>, u64) {
         let h = self.hasher.hash_one((partner, task));
-        (self.inner.lock().unwrap_or_else(|e| e.into_inner()), h)
+        (crate::sync::lock(&self.inner), h)
     }
 }
 
@@ -436,7 +436,7 @@ impl TaskOwners for MemoryTaskOwners {
     }
 
     fn sweep(&self) {
-        let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = crate::sync::lock(&self.inner);
         let inner = &mut *guard;
         let now = inner.nanos(Instant::now());
         let owners = &mut inner.owners;
@@ -456,7 +456,7 @@ impl TaskOwners for MemoryTaskOwners {
     }
 
     fn entries(&self) -> Vec<OwnerEntry> {
-        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let inner = crate::sync::lock(&self.inner);
         let now = inner.nanos(Instant::now());
         inner
             .map

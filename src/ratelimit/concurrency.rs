@@ -95,7 +95,7 @@ impl<K: Hash + Eq + Copy> KeyedCounts<K> {
     /// A permit for `key`, or `None` when it holds `max` already.
     pub fn try_take(&self, key: &K) -> Option<KeyedPermit<K>> {
         let max = self.max.load(Ordering::Acquire);
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = crate::sync::lock(&self.held);
         let n = held.entry(*key).or_insert(0);
         if *n >= max {
             if *n == 0 {
@@ -112,14 +112,14 @@ impl<K: Hash + Eq + Copy> KeyedCounts<K> {
 
     /// The count `key` holds now.
     pub fn held(&self, key: &K) -> usize {
-        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let held = crate::sync::lock(&self.held);
         held.get(key).copied().unwrap_or(0)
     }
 }
 
 impl<K: Hash + Eq + Copy> Drop for KeyedPermit<K> {
     fn drop(&mut self) {
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = crate::sync::lock(&self.held);
         if let Some(n) = held.get_mut(&self.key) {
             *n -= 1;
             if *n == 0 {

@@ -14,7 +14,7 @@
 
 use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
@@ -49,9 +49,7 @@ struct Inner<K: Hash + Eq> {
 /// Evicted keys and the requests they admitted since the last sync.
 type KeptHits<K> = Vec<(K, u64)>;
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::sync::lock;
 
 impl<K: Hash + Eq> Inner<K> {
     fn fresh_cells(&self) -> Box<[AtomicU64]> {

@@ -143,7 +143,7 @@ pub(super) struct Registered<'a> {
 
 impl Drop for Registered<'_> {
     fn drop(&mut self) {
-        let mut m = self.shard.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = crate::sync::lock(self.shard);
         m.remove(&self.id);
     }
 }
@@ -174,7 +174,7 @@ impl IdleConns {
         loop {
             let mut best: Option<((bool, Instant), Arc<Activity>)> = None;
             for shard in self.shards.iter() {
-                let m = shard.lock().unwrap_or_else(|e| e.into_inner());
+                let m = crate::sync::lock(shard);
                 for a in m.values() {
                     if a.why.load(Ordering::Acquire) != 0 {
                         continue;

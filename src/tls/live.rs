@@ -128,7 +128,7 @@ impl LiveTrust {
     fn lock(
         &self,
     ) -> std::sync::MutexGuard<'_, (Arc<[CertificateRevocationListDer<'static>]>, u64)> {
-        self.fetched.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.fetched)
     }
 }
 

@@ -69,7 +69,7 @@ impl Budget {
 
     /// Registers an origin's idle set, for eviction when the budget is full.
     pub(crate) fn register(&self, idle: Weak<dyn Evict>) {
-        let mut all = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let mut all = crate::sync::lock(&self.idle);
         all.retain(|w| w.strong_count() > 0);
         all.push(idle);
     }
@@ -109,7 +109,7 @@ impl Budget {
     /// was closed.
     fn evict_idle(&self) -> bool {
         let fullest = {
-            let mut all = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            let mut all = crate::sync::lock(&self.idle);
             all.retain(|w| w.strong_count() > 0);
             all.iter()
                 .filter_map(Weak::upgrade)

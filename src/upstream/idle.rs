@@ -57,7 +57,7 @@ impl Idle {
     }
 
     fn lock(&self, worker: usize) -> std::sync::MutexGuard<'_, WorkerSet> {
-        self.sets[worker].lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.sets[worker])
     }
 
     /// An idle connection on `worker` that can carry a request, if any.

@@ -45,16 +45,6 @@ fn open_files(pid: u32) -> usize {
         .count()
 }
 
-async fn admin_get(admin: SocketAddr, path: &str) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut tcp = tokio::net::TcpStream::connect(admin).await.ok()?;
-    let head = format!("GET {path} HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n");
-    tcp.write_all(head.as_bytes()).await.ok()?;
-    let mut out = String::new();
-    tcp.read_to_string(&mut out).await.ok()?;
-    Some(out)
-}
-
 /// The gateway's metrics, by `name{labels}`.
 async fn metrics(admin: SocketAddr) -> std::collections::HashMap<String, f64> {
     parse_metrics(&admin_get(admin, "/metrics").await.unwrap_or_default())

@@ -174,20 +174,6 @@ fn answers_key(status: &str) -> String {
     format!("aipgw_ocsp_answers_total{{status=\"{status}\"}}")
 }
 
-/// Sends on `conn` until a request is refused (10 s at most); the refusal.
-async fn refused_on(conn: &mut H2, body: &str) -> Reply {
-    within(10, async {
-        loop {
-            let r = send_on(conn, "/p/rpc", body).await;
-            if r.status != 200 {
-                return r;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-    })
-    .await
-}
-
 const SERIAL: u64 = 0x1122_3344_5566_7788;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

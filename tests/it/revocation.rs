@@ -130,20 +130,6 @@ async fn wait_fetches(gw: &TestGateway, url: &str, result: &str, after: f64) {
     .await
 }
 
-/// Sends on `conn` until a request is refused (10 s at most); the refusal.
-async fn refused_on(conn: &mut H2, body: &str) -> Reply {
-    within(10, async {
-        loop {
-            let r = send_on(conn, "/p/rpc", body).await;
-            if r.status != 200 {
-                return r;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-    })
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fetched_crl_revokes_a_leader_on_its_open_http2_connection() {
     let pki = Pki::new();

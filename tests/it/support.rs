@@ -999,3 +999,29 @@ pub fn installed(program: &str, args: &[&str]) -> bool {
     }
     found
 }
+
+/// Sends on `conn` until a request is refused (10 s at most); the refusal.
+pub async fn refused_on(conn: &mut H2, body: &str) -> Reply {
+    within(10, async {
+        loop {
+            let r = send_on(conn, "/p/rpc", body).await;
+            if r.status != 200 {
+                return r;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+}
+
+/// `GET path` from a gateway's admin listener over plain HTTP/1.1 (`connection: close`):
+/// the whole answer, head and body, or `None` when it cannot be reached.
+pub async fn admin_get(admin: SocketAddr, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = TcpStream::connect(admin).await.ok()?;
+    let head = format!("GET {path} HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n");
+    tcp.write_all(head.as_bytes()).await.ok()?;
+    let mut out = String::new();
+    tcp.read_to_string(&mut out).await.ok()?;
+    Some(out)
+}

@@ -95,16 +95,6 @@ fn free_port() -> SocketAddr {
         .unwrap()
 }
 
-async fn admin_get(admin: SocketAddr, path: &str) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut tcp = tokio::net::TcpStream::connect(admin).await.ok()?;
-    let head = format!("GET {path} HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n");
-    tcp.write_all(head.as_bytes()).await.ok()?;
-    let mut out = String::new();
-    tcp.read_to_string(&mut out).await.ok()?;
-    Some(out)
-}
-
 /// Waits (60 s at most) until the admin listener answers `/readyz` with 200.
 async fn ready(admin: SocketAddr) {
     within(60, async {

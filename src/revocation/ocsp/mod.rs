@@ -136,7 +136,7 @@ impl Ocsp {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], Entry>> {
-        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.entries)
     }
 
     /// The subject of `identity`'s end entity (made once per verdict).
