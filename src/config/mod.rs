@@ -17,11 +17,12 @@ use anyhow::{bail, Context};
 use crate::identity::Aic;
 use crate::jsonrpc::Method;
 pub use raw::ClientAuthMode;
-use raw::RawConfig;
+use raw::{RawConfig, RawPartner};
 
 mod proxy;
 mod revocation;
 mod sections;
+mod split;
 
 pub use proxy::{Network, ProxyProtocol};
 
@@ -227,7 +228,7 @@ pub struct PartnerConfig {
     /// HTTP/2 only (prior knowledge over `http://`).
     pub http2: bool,
     /// Upstream path for each method, indexed by [`Method::index`].
-    pub paths: [String; Method::ALL.len()],
+    pub paths: [std::borrow::Cow<'static, str>; Method::ALL.len()],
     /// TLS to the Partner.
     pub tls: Option<PartnerTlsConfig>,
     /// Who may call it.
@@ -294,7 +295,10 @@ impl Config {
 
     /// Parses and validates TOML text; relative paths are resolved against `base`.
     pub fn parse(text: &str, base: &Path) -> anyhow::Result<Config> {
-        let raw: RawConfig = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let raw = match split::split(text) {
+            Some(parts) if !parts.partners.is_empty() => by_parts(&parts).or_else(|_| whole(text)),
+            _ => whole(text),
+        }?;
         Config::from_raw(raw, base)
     }
 
@@ -322,40 +326,14 @@ impl Config {
         let revocation =
             crate::revocation::settings::RevocationSettings::try_from(&raw.revocation)?;
         ratelimit.limiter.counting = cluster.mode == crate::cluster::ClusterMode::Redis;
-        let mut names = HashSet::new();
-        let mut routes = HashSet::new();
-        let mut partners = Vec::with_capacity(raw.partners.len());
-        for (i, p) in raw.partners.into_iter().enumerate() {
-            let key = format!("partner[{i}] ({})", p.name);
-            let partner = PartnerConfig::try_from(p).with_context(|| key.clone())?;
-            if let Some(aic) = partner.aic {
-                dotted
-                    .judge(&aic)
-                    .map_err(|e| anyhow::anyhow!("{key}.aic: {aic}: {e}"))?;
-            }
-            if !names.insert(partner.name.clone()) {
-                bail!("{key}.name: another Partner has this name");
-            }
-            let hosts: Vec<Option<String>> = if partner.hosts.is_empty() {
-                vec![None]
-            } else {
-                partner.hosts.iter().cloned().map(Some).collect()
-            };
-            for h in hosts {
-                if !routes.insert((partner.prefix.clone(), h.clone())) {
-                    bail!(
-                        "{key}.prefix: another Partner already has prefix {} for {}",
-                        partner.prefix,
-                        h.as_deref().unwrap_or("any host")
-                    );
-                }
-            }
-            ratelimit
-                .limiter
-                .partners
-                .insert(partner.name.clone(), partner.rates);
-            partners.push(partner);
-        }
+        let partners = raw
+            .partners
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| checked_partner(i, p, &dotted))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        check_unique_routes(&partners)?;
+        ratelimit.limiter.partners = partners.iter().map(|p| (p.name.clone(), p.rates)).collect();
         let names: Vec<&str> = partners.iter().map(|p| p.name.as_str()).collect();
         raw.admin.partner_metrics.check(&names)?;
         Ok(Config {
@@ -392,6 +370,71 @@ impl Config {
             partners,
         })
     }
+}
+
+/// The file read as one TOML document.
+fn whole(text: &str) -> anyhow::Result<RawConfig> {
+    toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// The file read part by part ([`split`]): the rest, then each Partner on its own. An
+/// error here is not reported: the caller reads the whole file again, whose error names
+/// the line and column in the file.
+fn by_parts(parts: &split::Parts) -> Result<RawConfig, toml::de::Error> {
+    let mut raw: RawConfig = toml::from_str(&parts.rest)?;
+    raw.partners.reserve_exact(parts.partners.len());
+    for p in &parts.partners {
+        raw.partners.extend(one_partner(p)?);
+    }
+    Ok(raw)
+}
+
+/// One `[[partner]]` table (with its sub-tables), read as a document of its own.
+pub(crate) fn one_partner(text: &str) -> Result<Vec<RawPartner>, toml::de::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct One {
+        partner: Vec<RawPartner>,
+    }
+    toml::from_str::<One>(text).map(|one| one.partner)
+}
+
+/// One `[[partner]]` table checked, named by its place in the file when it is refused.
+fn checked_partner(i: usize, p: RawPartner, dotted: &DottedCheck) -> anyhow::Result<PartnerConfig> {
+    let name = format!("partner[{i}] ({})", p.name);
+    let partner = PartnerConfig::try_from(p).with_context(|| name.clone())?;
+    if let Some(aic) = partner.aic {
+        dotted
+            .judge(&aic)
+            .map_err(|e| anyhow::anyhow!("{name}.aic: {aic}: {e}"))?;
+    }
+    Ok(partner)
+}
+
+/// No two Partners share a name, or a route (prefix and host). The sets borrow the
+/// checked configs and are sized once, so a fleet of 10,000 costs no rehash or copy.
+fn check_unique_routes(partners: &[PartnerConfig]) -> anyhow::Result<()> {
+    let mut names = HashSet::with_capacity(partners.len());
+    let mut routes = HashSet::with_capacity(partners.len());
+    for (i, p) in partners.iter().enumerate() {
+        let key = || format!("partner[{i}] ({})", p.name);
+        if !names.insert(p.name.as_str()) {
+            bail!("{}.name: another Partner has this name", key());
+        }
+        let hosts = p.hosts.iter().map(|h| Some(h.as_str()));
+        let any = p.hosts.is_empty().then_some(None);
+        for h in hosts.chain(any) {
+            if !routes.insert((p.prefix.as_str(), h)) {
+                bail!(
+                    "{}.prefix: another Partner already has prefix {} for {}",
+                    key(),
+                    p.prefix,
+                    h.unwrap_or("any host")
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Relative paths in the file (certificates, keys, CAs, CRLs) resolved against `base`,
@@ -459,6 +502,33 @@ rpc = "/acps-aip-v1/rpc"
 
     fn error_of(text: &str) -> String {
         format!("{:#}", Config::parse(text, Path::new(".")).unwrap_err())
+    }
+
+    #[test]
+    fn a_fleet_error_names_its_line_in_the_file() {
+        // The Partners are read one by one (`split`); an error is still reported by the
+        // whole file's reading, at the line where it is.
+        let mut text = BASE.to_owned();
+        for i in 0..50 {
+            text.push_str(&format!(
+                "[[partner]]\nname = \"p{i}\"\nprefix = \"/p{i}\"\nupstreams = [\"http://127.0.0.1:9\"]\n"
+            ));
+        }
+        let line = text.lines().count() + 1;
+        text.push_str("[[partner]]\nname = \"x\"\nname = \"y\"\n");
+        let e = error_of(&text);
+        assert!(e.contains(&format!("line {}", line + 2)), "{e}");
+        assert!(e.contains("duplicate key"), "{e}");
+        let c = Config::parse(
+            &text.replace(
+                "name = \"y\"\n",
+                "prefix = \"/x\"\nupstreams = [\"http://127.0.0.1:9\"]\n",
+            ),
+            Path::new("."),
+        )
+        .unwrap();
+        assert_eq!(c.partners.len(), 52);
+        assert_eq!(c.partners[51].name, "x");
     }
 
     #[test]

@@ -282,16 +282,18 @@ impl TryFrom<&raw::RawAccess> for crate::policy::PartnerAccess {
     type Error = anyhow::Error;
 
     fn try_from(a: &raw::RawAccess) -> anyhow::Result<crate::policy::PartnerAccess> {
-        let patterns =
-            |key: String, list: &[String]| -> anyhow::Result<Vec<crate::policy::AicPattern>> {
-                list.iter()
-                    .enumerate()
-                    .map(|(i, p)| p.parse().map_err(|e| anyhow::anyhow!("{key}[{i}]: {e}")))
-                    .collect()
-            };
+        // The key is named only when an entry is refused: no string is made per Partner.
+        let patterns = |key: &dyn std::fmt::Display,
+                        list: &[String]|
+         -> anyhow::Result<Vec<crate::policy::AicPattern>> {
+            list.iter()
+                .enumerate()
+                .map(|(i, p)| p.parse().map_err(|e| anyhow::anyhow!("{key}[{i}]: {e}")))
+                .collect()
+        };
         let base = crate::policy::AccessRule {
-            allow: patterns("access.allow".into(), &a.allow)?,
-            deny: patterns("access.deny".into(), &a.deny)?,
+            allow: patterns(&"access.allow", &a.allow)?,
+            deny: patterns(&"access.deny", &a.deny)?,
         };
         let mut methods = Vec::new();
         for (i, m) in a.methods.iter().enumerate() {
@@ -301,8 +303,8 @@ impl TryFrom<&raw::RawAccess> for crate::policy::PartnerAccess {
             methods.push((
                 set,
                 crate::policy::AccessRule {
-                    allow: patterns(format!("{key}.allow"), &m.allow)?,
-                    deny: patterns(format!("{key}.deny"), &m.deny)?,
+                    allow: patterns(&format_args!("{key}.allow"), &m.allow)?,
+                    deny: patterns(&format_args!("{key}.deny"), &m.deny)?,
                 },
             ));
         }
@@ -346,14 +348,16 @@ impl TryFrom<raw::RawPartner> for PartnerConfig {
             .as_deref()
             .map(|a| Aic::parse(a).map_err(|e| anyhow::anyhow!("aic: {a:?}: {e}")))
             .transpose()?;
-        let mut paths = Method::ALL.map(|m| default_path(m).to_owned());
+        // The defaults are borrowed: a fleet of Partners on the default paths allocates
+        // none of them (seven strings a Partner, and as many again in each clone).
+        let mut paths = Method::ALL.map(|m| std::borrow::Cow::Borrowed(default_path(m)));
         for (name, path) in p.paths {
             let m = Method::from_name(&name)
                 .with_context(|| format!("paths.{name}: not an AIP method"))?;
             if !path.starts_with('/') {
                 bail!("paths.{name}: {path:?} must start with /");
             }
-            paths[m.index()] = path;
+            paths[m.index()] = std::borrow::Cow::Owned(path);
         }
         let tls = match p.tls {
             None => None,

@@ -47,7 +47,7 @@ pub struct Route {
 
 /// The Partner table, indexed for lookup once per config load (see [`table`]).
 pub struct Router {
-    /// Longest prefix first, host-specific before host-agnostic.
+    /// In config order.
     partners: Vec<Arc<Partner>>,
     index: table::RouteIndex,
     /// Name -> index in `partners`.
@@ -55,15 +55,11 @@ pub struct Router {
 }
 
 impl Router {
-    /// Builds the table and its indexes.
-    pub fn new(mut partners: Vec<Arc<Partner>>) -> Router {
-        partners.sort_by_key(|p| {
-            (
-                std::cmp::Reverse(p.config.prefix.len()),
-                p.config.hosts.is_empty(),
-            )
-        });
-        let mut index = table::RouteIndex::default();
+    /// Builds the table and its indexes, in one pass over the Partners in config order
+    /// (the index answers by exact key, so the table needs no sort: a reload stays linear
+    /// in the number of Partners).
+    pub fn new(partners: Vec<Arc<Partner>>) -> Router {
+        let mut index = table::RouteIndex::with_capacity(partners.len());
         let mut names = HashMap::with_capacity_and_hasher(partners.len(), Default::default());
         for (i, p) in partners.iter().enumerate() {
             index.insert(&p.config.prefix, &p.config.hosts, i);
@@ -173,11 +169,18 @@ client_ca = ["ca"]
         )
     }
 
-    /// The lookup as it was before the index: every Partner in table order (longest
-    /// prefix first, host-specific first), the first that takes the path: the oracle the
-    /// index is tested against.
+    /// The lookup as it was before the index: every Partner in the old table order
+    /// (longest prefix first, host-specific first), the first that takes the path: the
+    /// oracle the index is tested against.
     fn linear(r: &Router, host: Option<&str>, path: &str) -> Option<(String, Option<Method>)> {
-        r.partners().iter().find_map(|p| {
+        let mut table: Vec<&Arc<Partner>> = r.partners().iter().collect();
+        table.sort_by_key(|p| {
+            (
+                std::cmp::Reverse(p.config.prefix.len()),
+                p.config.hosts.is_empty(),
+            )
+        });
+        table.into_iter().find_map(|p| {
             let c = &p.config;
             if !c.hosts.is_empty() && !host.is_some_and(|h| c.hosts.iter().any(|x| x == h)) {
                 return None;

@@ -29,6 +29,14 @@ pub(super) struct RouteIndex {
 }
 
 impl RouteIndex {
+    /// An empty index with room for `n` prefixes (no rehash while a fleet is loaded).
+    pub(super) fn with_capacity(n: usize) -> RouteIndex {
+        RouteIndex {
+            prefixes: HashMap::with_capacity_and_hasher(n, Default::default()),
+            ..RouteIndex::default()
+        }
+    }
+
     /// Adds a Partner's routes (prefix, hosts) unless another Partner added earlier has
     /// them (the configuration refuses two Partners on one route).
     pub(super) fn insert(&mut self, prefix: &str, hosts: &[String], partner: usize) {
