@@ -92,6 +92,8 @@
 //! - `revocation`: CRLs fetched from URLs and kept current by a background task; a new
 //!   CRL is a new trust generation (`tls::live`); OCSP answers for Leader certificates
 //!   (`revocation::ocsp`: cache, queries on a background task, the request-path gate).
+//! - `systemd`: what systemd is told (`sd_notify`: ready, reloading, stopping, status,
+//!   the main process after a take-over).
 //! - `hex`: lowercase hex encoding.
 //! - `allocator`: jemalloc's own figures (allocated, resident, metadata) for `/metrics`.
 
@@ -132,6 +134,7 @@ pub(crate) mod routing;
 pub mod server;
 pub(crate) mod sse;
 pub(crate) mod sync;
+pub(crate) mod systemd;
 #[cfg(any(test, feature = "test-util"))]
 pub mod test_util;
 pub(crate) mod timers;
