@@ -1,9 +1,9 @@
 //! What systemd is told (`sd_notify`, for `Type=notify`): `READY=1` once the listeners
 //! accept, `RELOADING=1` with `MONOTONIC_USEC` then `READY=1` around a reload,
 //! `STOPPING=1` when a drain starts, `STATUS=` lines saying what the gateway does, and,
-//! for a process that took the sockets over, `MAINPID=` of itself so that systemd follows
-//! it when the old one exits (which takes `NotifyAccess=all` in the unit: the new process
-//! is not the one systemd started).
+//! for a take-over, `MAINPID=` of the new process, so that systemd follows it when the old
+//! one exits: sent by the old process (the main one, heard under the default
+//! `NotifyAccess=main`) before it tells the new one it drains, and by the new one after.
 //!
 //! A few lines over a Unix datagram socket rather than the `sd-notify` crate: the protocol
 //! is one datagram of `KEY=value` lines to the socket `NOTIFY_SOCKET` names (a path, or
@@ -43,7 +43,15 @@ pub(crate) fn stopping(status: &str) {
     notify(&format!("STOPPING=1\nSTATUS={status}"));
 }
 
-/// This process is now the service's main process (after a take-over), and serves.
+/// The process `pid` took this one's sockets over: it is the service's main process now
+/// (sent by the old process, which systemd hears as the main one under the default
+/// `NotifyAccess=main`, before it tells the new one it drains).
+pub(crate) fn main_pid(pid: u32) {
+    notify(&format!("MAINPID={pid}"));
+}
+
+/// This process is now the service's main process (after a take-over), and serves
+/// (heard under `NotifyAccess=all`, or once the old process named it).
 pub(crate) fn main_pid_ready(status: &str) {
     notify(&format!(
         "MAINPID={}\nREADY=1\nSTATUS={status}",

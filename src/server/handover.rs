@@ -154,6 +154,9 @@ async fn hand_over(
     if said != READY {
         bail!("pid {pid}: expected {READY:?}, got {said:?}");
     }
+    // systemd follows the new process from now on (before it hears `draining` and says
+    // so itself, so its own notification comes after this one).
+    crate::systemd::main_pid(pid);
     let mut said = String::new();
     for name in streams() {
         if name.len() <= MAX_NAME && !name.contains('\n') {

@@ -1,8 +1,8 @@
 //! Issue 37 item 3, `Type=notify`: the real binary told where systemd listens
 //! (`NOTIFY_SOCKET`, a datagram socket the test binds) says `READY=1` once it serves,
 //! `RELOADING=1` with `MONOTONIC_USEC` then `READY=1` around a SIGHUP reload, `MAINPID=`
-//! of the process that took the sockets over (and nothing from the old one, which is no
-//! longer the main process), and `STOPPING=1` when SIGTERM starts its drain.
+//! of the process that took the sockets over (from the old one first, then from the new
+//! one, and nothing more from the old one), and `STOPPING=1` when SIGTERM starts a drain.
 
 use std::os::unix::net::UnixDatagram;
 use std::time::Duration;
@@ -120,9 +120,12 @@ async fn systemd_hears_ready_reloading_the_new_main_pid_and_stopping() {
         Some("serving; configuration reloaded")
     );
 
-    // A take-over: the new process names itself the main one; the old one, draining,
-    // says nothing (a STOPPING=1 from it would stop the service).
+    // A take-over: the old process, still the main one, names the new one; then the new
+    // one names itself and says it serves; the old one, draining, says nothing more (a
+    // STOPPING=1 from it would stop the service).
     let (b, b_log) = Proc::start_with(&config, &["--take-over"], &env);
+    let named = notify.next().await;
+    assert_eq!(named, format!("MAINPID={}", b.pid()));
     let taken = notify.next().await;
     assert_eq!(
         field(&taken, "MAINPID"),
