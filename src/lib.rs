@@ -101,6 +101,16 @@
 // they are unreachable, which the lint rightly reports in the build that has it.
 #![cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 
+// Upgrades hand the listening sockets over with SCM_RIGHTS on a Unix socket
+// (`server::handover`, guarded by `cfg(unix)`), the process checks its peer with
+// SO_PEERCRED and speaks sd_notify: no other target is built or tested, so one is refused
+// here, with the reason, rather than by whichever Unix-only item fails first.
+#[cfg(not(unix))]
+compile_error!(
+    "aipgw builds for Unix systems only: upgrades hand the listening sockets over with \
+     SCM_RIGHTS on a Unix socket (server::handover), which other systems do not have"
+);
+
 pub(crate) mod access_log;
 pub mod admin;
 pub(crate) mod allocator;
