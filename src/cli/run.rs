@@ -58,6 +58,14 @@ pub(super) async fn run(
         // The streams this process's buffer holds, named to the successor.
         let g = gateway.clone();
         let streams = move || crate::sse::handed::lines(&*g.snapshot().replay, handover::MAX_NAME);
+        // SIGUSR2 starts the successor (until this process has handed its sockets over).
+        let until_handed = handed(handed_rx.clone());
+        background.spawn(async move {
+            tokio::select! {
+                () = super::upgrade::on_sigusr2() => {}
+                () = until_handed => {}
+            }
+        });
         background.spawn(async move {
             let pid = handover::offer(control, offered, handover_timeout, &streams).await;
             tracing::info!(pid, "the listening sockets were taken over: draining");

@@ -133,6 +133,9 @@ pub async fn offer(
                 "hand-over: the new process did not say it serves in time: this process serves on"
             ),
         }
+        // systemd may have been told of the successor already: this process is the main
+        // one still.
+        crate::systemd::main_pid(std::process::id());
     }
 }
 

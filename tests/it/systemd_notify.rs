@@ -151,3 +151,87 @@ async fn systemd_hears_ready_reloading_the_new_main_pid_and_stopping() {
     assert!(field(&stopping, "STATUS").is_some_and(|s| s.starts_with("draining")));
     assert_eq!(b.exited().await, Some(0), "B's exit");
 }
+
+/// A process this test did not start (a gateway's successor), killed when the test ends
+/// however it ends.
+struct Orphan(u32);
+
+impl Drop for Orphan {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &self.0.to_string()])
+            .status();
+    }
+}
+
+impl Orphan {
+    /// Waits (30 s at most) until the process has exited (gone, or a zombie nobody reaps).
+    async fn exited(&self) {
+        let stat = format!("/proc/{}/stat", self.0);
+        within(30, async {
+            while let Ok(s) = std::fs::read_to_string(&stat) {
+                if s.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z'))
+                {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigusr2_starts_a_successor_inside_the_service_and_systemd_follows_it() {
+    let pki = Pki::new();
+    let partner = TestPartner::start(Behaviour::Echo).await;
+    let (addr, admin) = (free_port(), free_port());
+    let socket = pki.dir.path().join("aipgw.sock");
+    let listener = format!(
+        "drain_timeout = \"1s\"\nhandover_socket = \"{}\"\n",
+        socket.display()
+    );
+    let rest = format!(
+        "[admin]\nbind = \"{admin}\"\n[reload]\nwatch = false\n{}",
+        partner_block("p", "/p", &partner.url(), "")
+    );
+    let text = pki
+        .config(&listener, &rest)
+        .replace("bind = \"127.0.0.1:0\"", &format!("bind = \"{addr}\""));
+    let config = pki.write("gateway.toml", &text);
+    let notify = Notify::bind(pki.dir.path());
+    let env = [("NOTIFY_SOCKET", notify.path.as_os_str())];
+    let (a, _a_log) = Proc::start_with(&config, &[], &env);
+    assert_eq!(field(&notify.next().await, "READY"), Some("1"));
+
+    // SIGUSR2: A starts its successor, names it to systemd, and drains.
+    signal(a.pid(), "-USR2");
+    let named = notify.next().await;
+    let pid: u32 = field(&named, "MAINPID")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no MAINPID: {named:?}"));
+    let successor = Orphan(pid);
+    assert_ne!(pid, a.pid());
+    let taken = notify.next().await;
+    assert_eq!(
+        field(&taken, "MAINPID"),
+        Some(pid.to_string().as_str()),
+        "{taken:?}"
+    );
+    assert_eq!(field(&taken, "READY"), Some("1"));
+    assert_eq!(a.exited().await, Some(0), "A's exit");
+
+    // The successor serves on the same sockets, and stops on SIGTERM.
+    ready(admin).await;
+    let leader = pki.leader(LEADER_A, false);
+    let reply = leader
+        .post(addr, "/p/rpc", &rpc_start("1", LEADER_A, "t-1"))
+        .await
+        .unwrap();
+    assert_eq!(reply.status, 200);
+    signal(pid, "-TERM");
+    assert_eq!(field(&notify.next().await, "STOPPING"), Some("1"));
+    successor.exited().await;
+}
