@@ -155,6 +155,15 @@ pub enum GatewayError {
         /// Short label: `panic` or `handler_error`.
         reason: &'static str,
     },
+    /// A `re-stream` of a stream the process this one took over from buffered in its own
+    /// memory (no shared replay): its events did not come over (`sse::handed`).
+    #[error("task {task:?}'s stream was buffered by the gateway process this one took over from (pid {pid}); its events do not survive an upgrade without a replay shared in Redis (cluster.replay): get the task's state with `get`, or start a new stream")]
+    ReplayNotHandedOver {
+        /// The task's id.
+        task: String,
+        /// The old process.
+        pid: u32,
+    },
     /// The Partner's answer broke the HTTP protocol.
     #[error("Partner {partner} failed: {detail}")]
     UpstreamProtocol {
@@ -251,6 +260,10 @@ impl GatewayError {
             }
             GatewayError::Internal { reason } => {
                 (StatusCode::INTERNAL_SERVER_ERROR, INTERNAL_ERROR, reason)
+            }
+            // Gone for good: asking again gets the same answer.
+            GatewayError::ReplayNotHandedOver { .. } => {
+                (StatusCode::GONE, INTERNAL_ERROR, "replay_not_handed_over")
             }
         }
     }

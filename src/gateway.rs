@@ -28,6 +28,7 @@ use crate::ratelimit::concurrency::{InFlight, StreamCounts};
 use crate::ratelimit::{GovernorLimiter, Limiter};
 use crate::revocation::ocsp::Ocsp;
 use crate::routing::{Partner, Router};
+use crate::sse::handed::HandedOver;
 use crate::sse::memory::MemoryStore;
 use crate::sse::replay::ReplayStore;
 use crate::tls::{self, ServerTls};
@@ -60,6 +61,9 @@ pub struct Snapshot {
     pub(crate) origins: Origins,
     /// OCSP answers for Leader certificates (carried over reloads).
     pub ocsp: Arc<Ocsp>,
+    /// The streams the process this one took over from held (shared like the replay
+    /// buffer).
+    pub(crate) handed_over: Arc<HandedOver>,
 }
 
 /// State that outlives a config snapshot.
@@ -77,6 +81,8 @@ pub struct Stores {
     pub streams: Arc<StreamCounts>,
     /// The Redis connection, in cluster mode.
     pub cluster: Option<Arc<Cluster>>,
+    /// The streams the process this one took over from held.
+    pub(crate) handed_over: Arc<HandedOver>,
 }
 
 impl Snapshot {
@@ -165,6 +171,7 @@ impl Snapshot {
             metrics: stores.metrics,
             closing: stores.closing,
             cluster: stores.cluster,
+            handed_over: stores.handed_over,
             config: Arc::new(config),
         })
     }
@@ -191,6 +198,7 @@ impl Gateway {
             closing: Arc::new(tokio::sync::watch::channel(false).0),
             streams: Arc::new(StreamCounts::new(None)),
             cluster,
+            handed_over: Arc::default(),
         };
         Ok(Arc::new(Gateway {
             current: ArcSwap::from_pointee(Snapshot::build(config, stores, None)?),
@@ -227,6 +235,7 @@ impl Gateway {
             closing: old.closing.clone(),
             streams: old.streams.clone(),
             cluster: old.cluster.clone(),
+            handed_over: old.handed_over.clone(),
         };
         let built = Snapshot::build(config, stores, Some(&old));
         let result = if built.is_ok() { "ok" } else { "failed" };

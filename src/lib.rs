@@ -92,12 +92,24 @@
 //! - `revocation`: CRLs fetched from URLs and kept current by a background task; a new
 //!   CRL is a new trust generation (`tls::live`); OCSP answers for Leader certificates
 //!   (`revocation::ocsp`: cache, queries on a background task, the request-path gate).
+//! - `systemd`: what systemd is told (`sd_notify`: ready, reloading, stopping, status,
+//!   the main process after a take-over).
 //! - `hex`: lowercase hex encoding.
 //! - `allocator`: jemalloc's own figures (allocated, resident, metadata) for `/metrics`.
 
 // Items the benches and tests reach through `test_util` are `pub`; without that feature
 // they are unreachable, which the lint rightly reports in the build that has it.
 #![cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
+
+// Upgrades hand the listening sockets over with SCM_RIGHTS on a Unix socket
+// (`server::handover`, guarded by `cfg(unix)`), the process checks its peer with
+// SO_PEERCRED and speaks sd_notify: no other target is built or tested, so one is refused
+// here, with the reason, rather than by whichever Unix-only item fails first.
+#[cfg(not(unix))]
+compile_error!(
+    "aipgw builds for Unix systems only: upgrades hand the listening sockets over with \
+     SCM_RIGHTS on a Unix socket (server::handover), which other systems do not have"
+);
 
 pub(crate) mod access_log;
 pub mod admin;
@@ -132,6 +144,7 @@ pub(crate) mod routing;
 pub mod server;
 pub(crate) mod sse;
 pub(crate) mod sync;
+pub(crate) mod systemd;
 #[cfg(any(test, feature = "test-util"))]
 pub mod test_util;
 pub(crate) mod timers;

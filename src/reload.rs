@@ -353,13 +353,20 @@ async fn run(
         // write landing during or just after the load is a change at its event. (Read
         // after the load, it was taken for what had been loaded and never applied.)
         let mut known = Known::read(&w.interest.files);
-        if reload_now(&gateway, &w.config_path).is_err() && from_files {
+        crate::systemd::reloading();
+        let mut loaded = reload_now(&gateway, &w.config_path).is_ok();
+        if !loaded && from_files {
             // A file edited in place may have been read half-written: once it has been
             // quiet for another `debounce`, try again.
             quiet(&mut rx, &w.interest, debounce).await;
             known = Known::read(&w.interest.files);
-            let _ = reload_now(&gateway, &w.config_path);
+            loaded = reload_now(&gateway, &w.config_path).is_ok();
         }
+        crate::systemd::ready(if loaded {
+            "serving; configuration reloaded"
+        } else {
+            "serving; the reload failed, the previous configuration stays (see the log)"
+        });
         w.rewatch(&gateway.snapshot().config, &known);
     }
 }

@@ -21,6 +21,13 @@ target), every prefix `/aip/pNNNNN`, the load sent to the last;
 --access 10,1000,100000: the target Partner's `[partner.access]` with N allow prefixes
 (the Leader's agent serial last) and N deny prefixes that do not match.
 
+--proxy-protocol (issue 37): each gateway binary behind the same L4 front, HAProxy in TCP
+mode pinned to the load generator's core (oha cannot send a PROXY header), in two arms
+side by side: the front forwarding plain TCP, and the front with `send-proxy-v2` and the
+gateway's `[listener.proxy_protocol] mode = "required"`. Keep-alive HTTP/1.1 and a new
+connection per request (full handshakes); the gateway's CPU per request is compared, the
+ratio of the PROXY arm to the plain one printed per binary.
+
 Needs oha (`cargo install oha --locked`), nginx and haproxy (`apt-get install -y
 nginx-light haproxy`), and taskset; `--install` installs what is missing. Figures go in
 benches/README.md ("Load comparison") with the date and the machine.
@@ -135,6 +142,9 @@ class Proc:
         return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
 
     def stop(self):
+        front = getattr(self, "front", None)
+        if front is not None:
+            front.stop()
         if self.p.poll() is None:
             self.p.send_signal(signal.SIGTERM)
             try:
@@ -179,6 +189,46 @@ class Fleet:
             self.target = f"[partner.access]\nallow = [{','.join(allow)}]\ndeny = [{','.join(deny)}]\n"
         else:
             die(f"unknown fleet mode {kind}")
+
+
+class Front:
+    """--proxy-protocol: the gateway behind an L4 HAProxy (TCP mode) on the load's core;
+    `v2`: the front sends a PROXY v2 header and the gateway requires one."""
+
+    def __init__(self, v2, extra=""):
+        self.v2, self.extra = v2, extra
+
+    def gateway_toml(self):
+        if not self.v2:
+            return self.extra
+        return self.extra + '\n[listener.proxy_protocol]\nmode = "required"\nfrom = ["127.0.0.1/32"]\n'
+
+
+def front_config(d, port, gateway, v2):
+    """HAProxy in TCP mode, one thread: `port` -> the gateway (with `send-proxy-v2`)."""
+    path = d / f"front-{port}.cfg"
+    send = " send-proxy-v2" if v2 else ""
+    path.write_text(
+        f"""
+global
+    nbthread 1
+    maxconn 8192
+
+defaults
+    mode tcp
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+
+frontend l4
+    bind 127.0.0.1:{port}
+    default_backend gw
+
+backend gw
+    server gw 127.0.0.1:{gateway}{send}
+"""
+    )
+    return path
 
 
 def aipgw_config(d, port, backend, resumption, extra="", runtime="worker_threads = 1", fleet=None):
@@ -340,6 +390,15 @@ def start_proxy(name, binary, d, backend, resumption, extra=""):
             "--ca", str(d / "ca.pem"), "--crl", str(d / "crl.pem"),
         ] + ([] if resumption else ["--no-resumption"])
         return Proc(name, argv, PROXY_CPU, d)
+    if isinstance(extra, Front):
+        config = aipgw_config(d, port, backend, resumption, extra.gateway_toml())
+        proc = Proc(name, [binary, "run", "--config", str(config)], PROXY_CPU, d, wait_port=port)
+        front_port = free_port()
+        argv = [tool("haproxy"), "-db", "-f", str(front_config(d, front_port, port, extra.v2))]
+        proc.front = Proc(f"{name}-front", argv, LOAD_CPU, d, wait_port=front_port)
+        # The load goes to the front; the CPU measured is still the gateway's.
+        proc.port = front_port
+        return proc
     if isinstance(extra, Fleet):
         config = aipgw_config(d, port, backend, resumption, extra.extra, fleet=extra)
         proc = Proc(name, [binary, "run", "--config", str(config)], PROXY_CPU, d, wait_port=port)
@@ -533,13 +592,29 @@ def report(mode, rows, events, fleet_sizes=None):
         return
     if fleet_sizes:
         report_fleet(per_cpu, fleet_sizes)
-        return
+        return per_cpu
     gateways = [n for n in per_cpu if n not in ("nginx", "haproxy", "bare")]
     others = [n for n in ("nginx", "haproxy", "bare") if n in per_cpu and per_cpu[n]]
     for g in gateways:
         ratios = ", ".join(f"{per_cpu[g] / per_cpu[o]:.2f}x {o}" for o in others)
         if ratios:
             print(f"\n{g} per CPU-second: {ratios}")
+    return per_cpu
+
+
+def report_proxy_protocol(mode, per_cpu):
+    """Each binary's requests per CPU-second with the PROXY header as a ratio to without."""
+    for name, v in per_cpu.items():
+        if name.endswith(PP_ARM) and v:
+            plain = per_cpu.get(name[: -len(PP_ARM)] + PLAIN_ARM)
+            if plain:
+                label = name[: -len(PP_ARM)]
+                print(f"\n{mode} {label}: PROXY v2 required / plain L4, requests per gateway "
+                      f"CPU-second: {v / plain:.3f}x (CPU per request {plain / v:.3f}x)")
+
+
+PLAIN_ARM = " via L4"
+PP_ARM = " via L4 + PROXY v2"
 
 
 def main():
@@ -561,11 +636,13 @@ def main():
     ap.add_argument("--install", action="store_true")
     sizes = lambda v: [int(x) for x in v.split(",") if x]  # noqa: E731
     ap.add_argument("--routes", type=sizes, default=[], help="fleet mode: N Partners, the load to the last (e.g. 1,1000,10000)")
+    ap.add_argument("--proxy-protocol", action="store_true", help="each gateway behind an L4 HAProxy front, "
+                    "with and without send-proxy-v2 (keep-alive HTTP/1.1 and full handshakes)")
     ap.add_argument("--access", type=sizes, default=[], help="fleet mode: N allow + N deny prefixes in the target's [partner.access] (e.g. 10,1000,100000)")
     args = ap.parse_args()
     modes = [m for m in ("http1", "http2", "handshake", "resume", "sse") if getattr(args, m)]
     fleets = [(k, getattr(args, k)) for k in ("routes", "access") if getattr(args, k)]
-    modes = modes or ([] if fleets else ["http1", "http2"])
+    modes = modes or ([] if fleets or args.proxy_protocol else ["http1", "http2"])
     ensure_tools(args.install)
     if not args.no_build:
         subprocess.run(
@@ -603,6 +680,15 @@ def main():
                 fleet = [(f"{label}={n}", b, Fleet(kind, n, e)) for label, b, e in gateways for n in ns]
                 print(f"\n# fleet mode --{kind}: keep-alive HTTP/1.1")
                 report("http1", run_mode("http1", fleet, d, backend.port, args), args.events, ns)
+            if args.proxy_protocol:
+                arms = [(f"{label}{arm}", b, Front(v2, e)) for label, b, e in proxies
+                        if b is not None and isinstance(e, str)
+                        for arm, v2 in ((PLAIN_ARM, False), (PP_ARM, True))]
+                print("\n# --proxy-protocol: each gateway behind HAProxy in TCP mode on "
+                      f"CPU {LOAD_CPU}, plain and with send-proxy-v2")
+                for mode in ("http1", "handshake"):
+                    per_cpu = report(mode, run_mode(mode, arms, d, backend.port, args), args.events)
+                    report_proxy_protocol(mode, per_cpu)
         finally:
             backend.stop()
 

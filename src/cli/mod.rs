@@ -3,6 +3,7 @@
 mod commands;
 mod run;
 mod shared;
+mod upgrade;
 
 use std::path::PathBuf;
 

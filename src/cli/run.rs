@@ -55,8 +55,19 @@ pub(super) async fn run(
         };
         let path = control.path().display().to_string();
         tracing::info!(%path, "hand-over offered on the control socket");
+        // The streams this process's buffer holds, named to the successor.
+        let g = gateway.clone();
+        let streams = move || crate::sse::handed::lines(&*g.snapshot().replay, handover::MAX_NAME);
+        // SIGUSR2 starts the successor (until this process has handed its sockets over).
+        let until_handed = handed(handed_rx.clone());
         background.spawn(async move {
-            let pid = handover::offer(control, offered, handover_timeout).await;
+            tokio::select! {
+                () = super::upgrade::on_sigusr2() => {}
+                () = until_handed => {}
+            }
+        });
+        background.spawn(async move {
+            let pid = handover::offer(control, offered, handover_timeout, &streams).await;
             tracing::info!(pid, "the listening sockets were taken over: draining");
             handed_tx.send_replace(true);
         });
@@ -77,16 +88,25 @@ pub(super) async fn run(
         )),
         crate::config::Scheduler::Shared => None,
     };
-    if let Some(p) = sockets.predecessor {
-        match p.ready(handover_timeout).await {
-            Ok(pid) => tracing::info!(pid, "took the listening sockets over"),
-            Err(e) => tracing::warn!(error = %e, "took the listening sockets over"),
+    // systemd (`Type=notify`): ready now that the listening socket accepts; after a
+    // take-over, this process is the service's main one from now on.
+    match sockets.predecessor {
+        Some(p) => {
+            let pid = took_over(&gateway, p, handover_timeout).await;
+            let from = pid.map_or(String::new(), |p| {
+                format!(" (took the sockets over from pid {p})")
+            });
+            crate::systemd::main_pid_ready(&format!("serving on {bind}{from}"));
         }
+        None => crate::systemd::ready(&format!("serving on {bind}")),
     }
     tracing::info!(%bind, workers = worker_count, scheduler = ?cfg_scheduler, "aipgw listening");
     let stop = async {
         tokio::select! {
-            _ = shutdown_signal() => {}
+            _ = shutdown_signal() => {
+                crate::systemd::stopping("draining: in-flight requests finish, then the process exits");
+            }
+            // Nothing to tell systemd: the successor is its main process now.
             _ = handed(handed_rx) => {}
         }
     };
@@ -97,6 +117,30 @@ pub(super) async fn run(
     // After the drain: whatever is left on the workers is cancelled.
     drop(workers);
     result
+}
+
+/// Tells the process these sockets came from that this one serves, and keeps the streams
+/// it names (`sse::handed`) for as long as it could have served them; its pid, if it
+/// confirmed.
+async fn took_over(
+    gateway: &crate::Gateway,
+    p: Predecessor,
+    timeout: std::time::Duration,
+) -> Option<u32> {
+    let snap = gateway.snapshot();
+    match p.ready(timeout, snap.config.replay.max_streams).await {
+        Ok(d) => {
+            let keep = snap.config.replay.retention + snap.config.listener.drain_timeout;
+            snap.handed_over.set(&d.streams, d.pid, keep);
+            let streams = snap.handed_over.count();
+            tracing::info!(pid = d.pid, streams, "took the listening sockets over");
+            Some(d.pid)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "took the listening sockets over");
+            None
+        }
+    }
 }
 
 /// The admin listener's socket, if configured: `inherited` from the process taken over,

@@ -195,8 +195,10 @@ impl Answered {
         let feed = RecordFeed::new(record.clone(), record.first_cursor());
         let body = crate::sse::follow::body(feed, listener(snap, id, tally));
         let (metrics, pname) = (snap.metrics.clone(), partner.config.name.clone());
+        let closing = snap.closing.subscribe();
         tokio::spawn(async move {
-            let end = record_upstream(resp.into_body(), record, settings, held).await;
+            let recorded = record_upstream(resp.into_body(), record.clone(), settings, held);
+            let end = until_closing(recorded, record, closing).await;
             // Counted once per Partner stream, however many Leaders followed it.
             if let StreamEnd::Failed { reason } = end {
                 if partner_caused(reason) {
@@ -205,6 +207,24 @@ impl Answered {
             }
         });
         sse_response(counted(snap, body))
+    }
+}
+
+/// The recorder's end, or `shutting_down` once the drain time is over (the Partner's
+/// stream is then cancelled, and the record, in Redis too, says why it ended rather than
+/// losing its recorder unannounced).
+async fn until_closing(
+    recorded: impl std::future::Future<Output = StreamEnd>,
+    record: Arc<dyn crate::sse::replay::StreamRecord>,
+    mut closing: tokio::sync::watch::Receiver<bool>,
+) -> StreamEnd {
+    tokio::select! {
+        end = recorded => end,
+        Ok(_) = closing.wait_for(|c| *c) => {
+            let end = StreamEnd::Failed { reason: "shutting_down" };
+            record.finish(end);
+            end
+        }
     }
 }
 
@@ -278,6 +298,16 @@ async fn from_buffer(
     let mut sources: Vec<&dyn source::ReplaySource> = vec![&memory];
     sources.extend(shared.as_ref().map(|s| s as &dyn source::ReplaySource));
     let Some(found) = source::find(&sources, key).await else {
+        // A stream the process this one took over from held in its own memory: its
+        // events stayed there, and the Partner never had this stream to re-stream.
+        if let Some(left) = snap.handed_over.get(key) {
+            let is_owner = left.meta.owner == identity.aic;
+            check_owner(key, is_owner, left.meta.session_id.as_deref(), req)?;
+            return Err(GatewayError::ReplayNotHandedOver {
+                task: key.task_id.to_string(),
+                pid: left.pid,
+            });
+        }
         return Ok(Served::Forward(work));
     };
     let is_owner = found.owner == Some(identity.aic);

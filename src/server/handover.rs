@@ -16,7 +16,8 @@
 //! (`SO_PEERCRED`) and sends it, with `SCM_RIGHTS`, the listening socket, the control
 //! socket itself (so the new process can be upgraded in turn) and the admin listener's
 //! socket if it has one. The new process builds everything that can fail (the config,
-//! the certificates, the workers), then says `ready`; only then does the old one stop
+//! the certificates, the workers), then says `ready`; only then does the old one name the
+//! streams its replay buffer holds (`stream <name>` lines, for `sse::handed`), stop
 //! accepting (on the gateway's and the admin listener's sockets, which the new process
 //! accepts on from then on), answer `draining` and drain as on SIGTERM: in-flight
 //! requests finish, streams still open after `listener.drain_timeout` get their final
@@ -49,8 +50,12 @@ const READY: &str = "ready";
 const DRAINING: &str = "draining";
 /// The most sockets handed over: the listener, the control socket, the admin listener.
 const MAX_FDS: usize = 3;
-/// The longest line either side reads.
+/// Precedes a stream's name, between `ready` and `draining`.
+const STREAM: &str = "stream ";
+/// The longest line either side reads, but a stream's.
 const MAX_LINE: u64 = 256;
+/// The longest stream's name sent (a longer one is left out).
+pub const MAX_NAME: usize = 4096;
 
 /// The control socket a running gateway offers its listening sockets on.
 pub struct Control {
@@ -100,7 +105,14 @@ pub struct Offered {
 /// Serves the control socket until a successor running as the same user has taken the
 /// sockets and said it serves; returns its process id. Each attempt is bounded by
 /// `timeout`; a failed one is logged and the next is awaited, this process serving on.
-pub async fn offer(control: Control, sockets: Offered, timeout: Duration) -> u32 {
+/// `streams` names the streams this process holds, each at most [`MAX_NAME`] bytes on
+/// one line (asked once the successor serves).
+pub async fn offer(
+    control: Control,
+    sockets: Offered,
+    timeout: Duration,
+    streams: &(dyn Fn() -> Vec<String> + Sync),
+) -> u32 {
     loop {
         let stream = match control.listener.accept().await {
             Ok((s, _)) => s,
@@ -110,7 +122,8 @@ pub async fn offer(control: Control, sockets: Offered, timeout: Duration) -> u32
                 continue;
             }
         };
-        match tokio::time::timeout(timeout, hand_over(stream, &control, &sockets)).await {
+        let handed = hand_over(stream, &control, &sockets, streams);
+        match tokio::time::timeout(timeout, handed).await {
             Ok(Ok(pid)) => return pid,
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "hand-over failed: this process serves on");
@@ -120,12 +133,20 @@ pub async fn offer(control: Control, sockets: Offered, timeout: Duration) -> u32
                 "hand-over: the new process did not say it serves in time: this process serves on"
             ),
         }
+        // systemd may have been told of the successor already: this process is the main
+        // one still.
+        crate::systemd::main_pid(std::process::id());
     }
 }
 
 /// One hand-over to the process at the other end of `stream`: the sockets sent, its
-/// `ready` awaited, `draining` answered.
-async fn hand_over(stream: UnixStream, control: &Control, s: &Offered) -> anyhow::Result<u32> {
+/// `ready` awaited, the streams named, `draining` answered.
+async fn hand_over(
+    stream: UnixStream,
+    control: &Control,
+    s: &Offered,
+    streams: &(dyn Fn() -> Vec<String> + Sync),
+) -> anyhow::Result<u32> {
     let pid = same_user(&stream)?;
     let mut fds = vec![s.main.as_fd(), control.listener.as_fd()];
     fds.extend(s.admin.as_ref().map(|a| a.as_fd()));
@@ -136,10 +157,20 @@ async fn hand_over(stream: UnixStream, control: &Control, s: &Offered) -> anyhow
     if said != READY {
         bail!("pid {pid}: expected {READY:?}, got {said:?}");
     }
-    stream
-        .get_mut()
-        .write_all(format!("{DRAINING}\n").as_bytes())
-        .await?;
+    // systemd follows the new process from now on (before it hears `draining` and says
+    // so itself, so its own notification comes after this one).
+    crate::systemd::main_pid(pid);
+    let mut said = String::new();
+    for name in streams() {
+        if name.len() <= MAX_NAME && !name.contains('\n') {
+            said.push_str(STREAM);
+            said.push_str(&name);
+            said.push('\n');
+        }
+    }
+    said.push_str(DRAINING);
+    said.push('\n');
+    stream.get_mut().write_all(said.as_bytes()).await?;
     Ok(pid)
 }
 
@@ -209,19 +240,45 @@ pub async fn take_over(path: &Path, timeout: Duration) -> anyhow::Result<Inherit
     })
 }
 
+/// What the old process said once told this one serves.
+pub struct Drained {
+    /// Its process id.
+    pub pid: u32,
+    /// The streams it named (at most `max_streams` of them).
+    pub streams: Vec<String>,
+}
+
 impl Predecessor {
     /// Tells the old process this one serves, and waits (within `timeout`) for it to say
-    /// it stopped accepting and drains.
-    pub async fn ready(mut self, timeout: Duration) -> anyhow::Result<u32> {
+    /// it stopped accepting and drains; keeps the first `max_streams` streams it names.
+    pub async fn ready(mut self, timeout: Duration, max_streams: usize) -> anyhow::Result<Drained> {
         let pid = self.pid;
         let told = async {
             let ready = format!("{READY}\n");
             self.stream.get_mut().write_all(ready.as_bytes()).await?;
-            let said = read_line(&mut self.stream).await?;
-            if said != DRAINING {
-                bail!("expected {DRAINING:?}, got {said:?}");
+            let mut streams = Vec::new();
+            let mut named = 0usize;
+            loop {
+                let said = read_line_within(&mut self.stream, MAX_NAME + STREAM.len()).await?;
+                if said == DRAINING {
+                    break;
+                }
+                let Some(name) = said.strip_prefix(STREAM) else {
+                    bail!("expected {DRAINING:?}, got {said:?}");
+                };
+                named += 1;
+                if streams.len() < max_streams {
+                    streams.push(name.to_owned());
+                }
             }
-            Ok(pid)
+            if named > streams.len() {
+                tracing::warn!(
+                    named,
+                    kept = streams.len(),
+                    "hand-over: more streams named than replay.max_streams: re-streams of the others are forwarded"
+                );
+            }
+            Ok(Drained { pid, streams })
         };
         tokio::time::timeout(timeout, told)
             .await
@@ -243,8 +300,16 @@ fn same_user(stream: &UnixStream) -> anyhow::Result<u32> {
 
 /// One line (at most [`MAX_LINE`] bytes), without its newline.
 async fn read_line(stream: &mut BufReader<UnixStream>) -> anyhow::Result<String> {
+    read_line_within(stream, MAX_LINE as usize).await
+}
+
+/// One line (at most `max` bytes and its newline), without its newline.
+async fn read_line_within(
+    stream: &mut BufReader<UnixStream>,
+    max: usize,
+) -> anyhow::Result<String> {
     let mut line = String::new();
-    stream.take(MAX_LINE).read_line(&mut line).await?;
+    stream.take(max as u64 + 1).read_line(&mut line).await?;
     match line.strip_suffix('\n') {
         Some(l) => Ok(l.to_owned()),
         None => bail!("the peer closed the control connection"),

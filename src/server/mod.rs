@@ -45,6 +45,8 @@ use crate::timers::HeadTimer;
 use crate::workers::Workers;
 
 mod connection;
+// SCM_RIGHTS over a Unix socket; the crate refuses other targets (lib.rs).
+#[cfg(unix)]
 pub mod handover;
 mod idle;
 mod proxy;

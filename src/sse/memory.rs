@@ -284,6 +284,16 @@ impl ReplayStore for MemoryStore {
         }
     }
 
+    fn streams(&self) -> Vec<(StreamKey, StreamMeta)> {
+        let mut index = lock(&self.shared.index);
+        self.shared.expire(&mut index, Instant::now());
+        index
+            .map
+            .iter()
+            .map(|(k, r)| (k.clone(), r.meta.clone()))
+            .collect()
+    }
+
     fn stats(&self) -> ReplayStats {
         let t = &self.shared.totals;
         ReplayStats {

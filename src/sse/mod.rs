@@ -5,6 +5,7 @@ pub(crate) mod count;
 pub(crate) mod emit;
 pub(crate) mod event;
 pub(crate) mod follow;
+pub(crate) mod handed;
 pub(crate) mod memory;
 pub(crate) mod relay;
 pub(crate) mod replay;

@@ -109,6 +109,9 @@ pub trait ReplayStore: Send + Sync {
     /// Drops finished records past their retention (the upkeep timer calls it, so they go
     /// even when no stream is opened or looked up).
     fn sweep(&self);
+    /// Every stream it holds and who started it (at most `replay.max_streams`), named to
+    /// a new process taking this one's sockets over (`sse::handed`).
+    fn streams(&self) -> Vec<(StreamKey, StreamMeta)>;
 }
 
 /// One stream's log.

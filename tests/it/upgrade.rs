@@ -18,7 +18,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use super::support::*;
 
 /// A gateway process, killed when the test ends however it ends.
-struct Proc(Option<std::process::Child>);
+pub struct Proc(Option<std::process::Child>);
 
 impl Drop for Proc {
     fn drop(&mut self) {
@@ -32,13 +32,23 @@ impl Drop for Proc {
 impl Proc {
     /// `aipgw run --config <config>` (and `extra`), its log lines sent to the returned
     /// channel.
-    fn start(
+    pub fn start(
         config: &std::path::Path,
         extra: &[&str],
+    ) -> (Proc, std::sync::mpsc::Receiver<String>) {
+        Proc::start_with(config, extra, &[])
+    }
+
+    /// [`Proc::start`] with `env` set.
+    pub fn start_with(
+        config: &std::path::Path,
+        extra: &[&str],
+        env: &[(&str, &std::ffi::OsStr)],
     ) -> (Proc, std::sync::mpsc::Receiver<String>) {
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_aipgw"))
             .args(["run", "--config", config.to_str().unwrap()])
             .args(extra)
+            .envs(env.iter().copied())
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
@@ -55,12 +65,12 @@ impl Proc {
         (Proc(Some(child)), rx)
     }
 
-    fn pid(&self) -> u32 {
+    pub fn pid(&self) -> u32 {
         self.0.as_ref().unwrap().id()
     }
 
     /// Waits for the process to exit (60 s at most); its exit code.
-    async fn exited(mut self) -> Option<i32> {
+    pub async fn exited(mut self) -> Option<i32> {
         let mut child = self.0.take().unwrap();
         let waited = tokio::task::spawn_blocking(move || child.wait().unwrap());
         within(60, waited).await.unwrap().code()
@@ -68,7 +78,7 @@ impl Proc {
 }
 
 /// Waits (30 s at most) for a log line containing `what`; the lines before it.
-async fn log_line(rx: std::sync::mpsc::Receiver<String>, what: &'static str) -> Vec<String> {
+pub async fn log_line(rx: std::sync::mpsc::Receiver<String>, what: &'static str) -> Vec<String> {
     let waited = tokio::task::spawn_blocking(move || {
         let mut seen = Vec::new();
         while let Ok(line) = rx.recv_timeout(Duration::from_secs(30)) {
@@ -88,7 +98,7 @@ async fn log_line(rx: std::sync::mpsc::Receiver<String>, what: &'static str) -> 
     }
 }
 
-fn free_port() -> SocketAddr {
+pub fn free_port() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -96,7 +106,7 @@ fn free_port() -> SocketAddr {
 }
 
 /// Waits (60 s at most) until the admin listener answers `/readyz` with 200.
-async fn ready(admin: SocketAddr) {
+pub async fn ready(admin: SocketAddr) {
     within(60, async {
         while !admin_get(admin, "/readyz")
             .await

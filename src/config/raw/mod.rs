@@ -308,8 +308,9 @@ pub struct RawListener {
     pub proxy_protocol: RawProxyProtocol,
     /// Path of the control socket (mode 0600) on which this process hands its listening
     /// sockets to a new `aipgw run --take-over` (upgrades without a refused connection,
-    /// `server::handover`), relative to the config file's folder. Default: none (no
-    /// hand-over; a new process cannot bind the port while this one runs).
+    /// `server::handover`; SIGUSR2 makes the running process start one), relative to
+    /// the config file's folder. Default: none (no hand-over; a new process cannot bind
+    /// the port while this one runs).
     #[serde(default)]
     pub handover_socket: Option<PathBuf>,
     /// How long each side of a hand-over waits for the other: the new process for the
