@@ -74,7 +74,7 @@ impl Issuers {
                 continue;
             }
             named = true;
-            if crl.verify_signature(cert.public_key()).is_ok() {
+            if super::crypto::crl_signed_by(&crl, cert.public_key()) {
                 signed = true;
                 break;
             }

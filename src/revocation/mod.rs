@@ -15,8 +15,10 @@
 //! as for files.
 
 pub(crate) mod check;
+pub(crate) mod crypto;
 pub(crate) mod fetch;
 pub mod ocsp;
+pub mod partner;
 pub mod settings;
 
 use std::collections::HashMap;
@@ -227,7 +229,10 @@ impl Fetcher {
             .collect();
         if let Err(e) = live.rebuild(Arc::from(crls), self.version) {
             tracing::error!(error = %format!("{e:#}"), "revocation: trust settings not rebuilt");
+            return;
         }
+        let (all, enforce_expiry) = live.crls();
+        snap.partner_revocation.rebuild(&all, enforce_expiry);
     }
 }
 

@@ -19,6 +19,7 @@ mod forward;
 mod layout;
 mod ocsp;
 mod ops;
+mod partner_revocation;
 mod policy;
 mod proxy_protocol;
 mod quota_eviction;

@@ -21,7 +21,7 @@ use tokio::net::TcpListener;
 use crate::support::*;
 
 /// One index line: `V` (valid) or `R` (revoked) for `cert`.
-fn index_line(cert: &Issued, revoked: bool) -> String {
+pub(crate) fn index_line(cert: &Issued, revoked: bool) -> String {
     let serial = format!("{:X}", cert.serial);
     let serial = if serial.len() % 2 == 1 {
         format!("0{serial}")
@@ -36,7 +36,7 @@ fn index_line(cert: &Issued, revoked: bool) -> String {
 }
 
 /// `openssl ocsp` answering over `index.txt` in its own folder, signing with `signer`.
-struct Responder {
+pub(crate) struct Responder {
     dir: tempfile::TempDir,
     ca_pem: std::path::PathBuf,
     signer: (std::path::PathBuf, std::path::PathBuf),
@@ -46,7 +46,7 @@ struct Responder {
 
 impl Responder {
     /// Starts one on a free port (`None`: openssl missing outside CI).
-    fn start(pki: &Pki, signer: &Issued, index: &str) -> Option<Responder> {
+    pub(crate) fn start(pki: &Pki, signer: &Issued, index: &str) -> Option<Responder> {
         if !installed("openssl", &["version"]) {
             return None;
         }
@@ -66,12 +66,12 @@ impl Responder {
         Some(r)
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://127.0.0.1:{}/acps-atr-v2/ocsp", self.port)
     }
 
     /// (Re)starts the responder over `index` on the same port (the first time: any).
-    fn serve(&mut self, index: &str) {
+    pub(crate) fn serve(&mut self, index: &str) {
         self.stop();
         let idx = self.dir.path().join("index.txt");
         std::fs::write(&idx, index).unwrap();
@@ -124,7 +124,7 @@ impl Drop for Responder {
 }
 
 /// A delegated responder certificate of `ca` (`id-kp-OCSPSigning`).
-fn responder_cert(ca: &DevCa) -> Issued {
+pub(crate) fn responder_cert(ca: &DevCa) -> Issued {
     let mut spec = CertSpec::server(&["ocsp"]);
     spec.ocsp_signing = true;
     ca.issue(&spec).unwrap()
@@ -151,13 +151,13 @@ fn config(pki: &Pki, partner: &TestPartner, policy: &str) -> String {
     )
 }
 
-async fn counter(gw: &TestGateway, key: &str) -> f64 {
+pub(crate) async fn counter(gw: &TestGateway, key: &str) -> f64 {
     let m = parse_metrics(&gw.admin_get("/metrics").await.1);
     m.get(key).copied().unwrap_or(0.0)
 }
 
 /// Waits (10 s at most) until the counter `key` is above `after`.
-async fn wait_counter(gw: &TestGateway, key: &str, after: f64) {
+pub(crate) async fn wait_counter(gw: &TestGateway, key: &str, after: f64) {
     within(10, async {
         while counter(gw, key).await <= after {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
@@ -170,7 +170,7 @@ fn error_key(reason: &str) -> String {
     format!("aipgw_ocsp_errors_total{{reason=\"{reason}\"}}")
 }
 
-fn answers_key(status: &str) -> String {
+pub(crate) fn answers_key(status: &str) -> String {
     format!("aipgw_ocsp_answers_total{{status=\"{status}\"}}")
 }
 

@@ -20,14 +20,14 @@ use crate::support::*;
 
 /// A CRL server: serves whatever body it holds (with an ETag, and `304` to a request
 /// that names it), until stopped.
-struct CrlServer {
+pub(crate) struct CrlServer {
     addr: SocketAddr,
     body: Arc<Mutex<Bytes>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl CrlServer {
-    async fn start(body: impl Into<Bytes>) -> CrlServer {
+    pub(crate) async fn start(body: impl Into<Bytes>) -> CrlServer {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let body = Arc::new(Mutex::new(body.into()));
@@ -52,11 +52,11 @@ impl CrlServer {
         CrlServer { addr, body, task }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}/acps-atr-v2/crl/current", self.addr)
     }
 
-    fn serve(&self, body: impl Into<Bytes>) {
+    pub(crate) fn serve(&self, body: impl Into<Bytes>) {
         *self.body.lock().unwrap() = body.into();
     }
 
@@ -88,7 +88,7 @@ fn answer(req: &Request<Incoming>, body: Bytes) -> Response<Full<Bytes>> {
 
 /// A CRL of `ca` revoking `serials`, issued now (a second later than the last one, so a
 /// newer CRL is never taken for a replay), valid for a day.
-fn crl(ca: &DevCa, serials: &[u64]) -> String {
+pub(crate) fn crl(ca: &DevCa, serials: &[u64]) -> String {
     let now = OffsetDateTime::now_utc();
     ca.crl(serials, now, now + Duration::days(1)).unwrap()
 }
@@ -114,14 +114,14 @@ fn config(pki: &Pki, partner: &TestPartner, url: &str, extra: &str) -> String {
 }
 
 /// `aipgw_crl_fetches_total{source,result}` as the admin listener shows it.
-async fn fetches(gw: &TestGateway, url: &str, result: &str) -> f64 {
+pub(crate) async fn fetches(gw: &TestGateway, url: &str, result: &str) -> f64 {
     let m = parse_metrics(&gw.admin_get("/metrics").await.1);
     let key = format!("aipgw_crl_fetches_total{{source=\"{url}\",result=\"{result}\"}}");
     m.get(&key).copied().unwrap_or(0.0)
 }
 
 /// Waits (10 s at most) until `result` has been counted more than `after` times.
-async fn wait_fetches(gw: &TestGateway, url: &str, result: &str, after: f64) {
+pub(crate) async fn wait_fetches(gw: &TestGateway, url: &str, result: &str, after: f64) {
     within(10, async {
         while fetches(gw, url, result).await <= after {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;

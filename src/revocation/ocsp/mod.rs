@@ -161,17 +161,29 @@ impl Ocsp {
             // No responder to ask, or no issuer to check an answer with.
             return no_answer(policy, false);
         };
+        self.gate_subject(&subject, now)
+    }
+
+    /// The verdict for the certificate `subject` names at `now`, its query queued when no
+    /// answer stands (Leaders through [`Ocsp::gate`]; Partners at their handshake,
+    /// `revocation::partner`). `Pass` when OCSP is off.
+    pub fn gate_subject(&self, subject: &Arc<Subject>, now: u64) -> Gate {
+        let settings = self.settings.load();
+        let policy = settings.ocsp.policy;
+        if policy == OcspPolicy::Off {
+            return Gate::Pass;
+        }
         let mut map = self.lock();
         let (hit, status, querying) = match map.get_mut(&subject.key) {
             Some(e) if standing(e, now) => {
                 if now >= e.refresh_at && !e.querying {
-                    e.querying = self.enqueue(&subject);
+                    e.querying = self.enqueue(subject);
                 }
                 (true, e.status, e.querying)
             }
             Some(e) if e.querying || now < e.until => (true, None, e.querying),
             _ => {
-                let querying = self.enqueue(&subject);
+                let querying = self.enqueue(subject);
                 let entry = Entry {
                     status: None,
                     until: if querying {
@@ -194,6 +206,17 @@ impl Ocsp {
             Some(Status::Unknown) => no_answer(policy, false),
             None => no_answer(policy, querying),
         }
+    }
+
+    /// The verdict for a certificate that names no responder (or whose issuer is not
+    /// known): `Pass`, but under `hard` a refusal (`revocation_status_unknown`).
+    pub fn unaskable(&self) -> Gate {
+        no_answer(self.settings.load().ocsp.policy, false)
+    }
+
+    /// Whether OCSP is asked (`soft` or `hard`).
+    pub fn enabled(&self) -> bool {
+        self.settings.load().ocsp.policy != OcspPolicy::Off
     }
 
     /// Queues a query for `subject`; false (counted) when `ocsp_max_queries` are
