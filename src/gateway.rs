@@ -100,6 +100,7 @@ impl Snapshot {
             rules,
             previous.map(|p| &p.tls),
             config.revocation.fetches(),
+            config.revocation.stapling,
         )?;
         let ocsp = match previous {
             Some(prev) => {

@@ -71,6 +71,7 @@ impl TryFrom<&RawRevocation> for RevocationSettings {
             retry_interval: r.retry_interval,
             jitter: r.jitter,
             tls_ca: r.tls_ca.clone(),
+            stapling: r.ocsp_stapling,
             ocsp: OcspSettings {
                 policy: r.ocsp,
                 url: r.ocsp_url.clone(),

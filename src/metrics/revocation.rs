@@ -204,3 +204,56 @@ impl OcspSeries {
         self.errors.get_or_create(&OcspErrorLabels { reason }).inc();
     }
 }
+
+/// A staple query, by result.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct StapleLabels {
+    /// `good`, `revoked`, `unknown`, or an OCSP error reason (see [`OcspErrorLabels`]).
+    pub(crate) result: &'static str,
+}
+
+/// The gateway's own certificate's staple: queries by result, whether the responder
+/// says it is revoked, and the end of the staple served (0: none).
+#[derive(Default)]
+pub(crate) struct StapleSeries {
+    fetches: Family<StapleLabels, Counter>,
+    revoked: Gauge,
+    until: Gauge,
+}
+
+impl StapleSeries {
+    /// Registers the series.
+    pub(crate) fn register(&self, r: &mut Registry) {
+        r.register(
+            "ocsp_staple_fetches",
+            "OCSP queries about the gateway's own certificate, by result",
+            self.fetches.clone(),
+        );
+        r.register(
+            "ocsp_staple_revoked",
+            "1 if the responder says the gateway's own certificate is revoked, else 0",
+            self.revoked.clone(),
+        );
+        r.register(
+            "ocsp_staple_until_timestamp_seconds",
+            "When the OCSP staple served with the gateway's certificate ends (0: none served)",
+            self.until.clone(),
+        );
+    }
+
+    /// A query ended with `result`.
+    pub(crate) fn fetched(&self, result: &'static str) {
+        self.fetches.get_or_create(&StapleLabels { result }).inc();
+    }
+
+    /// The responder's last answer said revoked (or not).
+    pub(crate) fn revoked(&self, revoked: bool) {
+        self.revoked.set(i64::from(revoked));
+    }
+
+    /// The staple served now ends at `until` (`None`: none served).
+    pub(crate) fn stapled(&self, until: Option<u64>) {
+        self.until
+            .set(until.map_or(0, |u| i64::try_from(u).unwrap_or(i64::MAX)));
+    }
+}

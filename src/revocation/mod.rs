@@ -20,6 +20,8 @@ pub(crate) mod fetch;
 pub mod ocsp;
 pub mod partner;
 pub mod settings;
+pub mod staple;
+pub mod stapling;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -29,6 +29,8 @@ pub struct RevocationSettings {
     pub tls_ca: Option<PathBuf>,
     /// OCSP for Leader certificates.
     pub ocsp: OcspSettings,
+    /// Staple an OCSP response to the listener's certificate.
+    pub stapling: bool,
 }
 
 /// What an OCSP answer that cannot be had does (`revocation.ocsp`).

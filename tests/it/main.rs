@@ -27,6 +27,7 @@ mod redis_topologies;
 mod reload;
 mod revocation;
 mod sdk;
+mod stapling;
 mod streams;
 mod support;
 mod timeouts;

@@ -79,6 +79,12 @@ pub struct RawRevocation {
     /// counted (`ocsp_errors_total{reason="queue_full"}`) and treated as unanswered.
     /// Default: 64.
     pub ocsp_max_queries: usize,
+    /// Staple an OCSP response to the gateway's own certificate when `listener.cert`
+    /// names a responder (AIA) and its issuer is in that file or among
+    /// `listener.client_ca`: asked in the background, refreshed half-way to its
+    /// `nextUpdate` (at most `ocsp_max_age`), kept through failed queries until it ends.
+    /// Independent of `ocsp`. Default: true.
+    pub ocsp_stapling: bool,
 }
 
 impl Default for RawRevocation {
@@ -103,6 +109,7 @@ impl Default for RawRevocation {
             ocsp_max_response_bytes: 64 * 1024,
             ocsp_retry_interval: Duration::from_secs(10),
             ocsp_max_queries: 64,
+            ocsp_stapling: true,
         }
     }
 }
