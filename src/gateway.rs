@@ -28,6 +28,7 @@ use crate::ratelimit::concurrency::{InFlight, StreamCounts};
 use crate::ratelimit::{GovernorLimiter, Limiter};
 use crate::revocation::ocsp::Ocsp;
 use crate::revocation::partner::PartnerRevocation;
+use crate::revocation::presented::Presented;
 use crate::routing::{Partner, Router};
 use crate::sse::memory::MemoryStore;
 use crate::sse::replay::ReplayStore;
@@ -64,6 +65,8 @@ pub struct Snapshot {
     /// The CRLs and OCSP answers `https` Partners' certificates are checked against
     /// (carried over reloads; its CRLs follow the listener's).
     pub partner_revocation: Arc<PartnerRevocation>,
+    /// The CRL Distribution Points of presented certificates (carried over reloads).
+    pub presented: Arc<Presented>,
 }
 
 /// State that outlives a config snapshot.
@@ -109,11 +112,18 @@ impl Snapshot {
             }
             None => Arc::new(Ocsp::new(&config.revocation, stores.metrics.clone())),
         };
+        let presented = match previous {
+            Some(prev) => prev.presented.clone(),
+            None => Arc::new(Presented::new(stores.metrics.clone())),
+        };
         let partner_revocation = match previous {
             Some(prev) => prev.partner_revocation.clone(),
-            None => Arc::new(PartnerRevocation::new(ocsp.clone())),
+            None => Arc::new(PartnerRevocation::new(ocsp.clone(), presented.clone())),
         };
-        partner_revocation.set_issuers(trusted_cas(&tls, &config)?);
+        let trusted = trusted_cas(&tls, &config)?;
+        let r = &config.revocation;
+        presented.configure(r.crl_from_presented, r.max_presented_crl_urls, &trusted);
+        partner_revocation.set_issuers(trusted);
         let (crls, enforce_expiry) = tls.trust.crls();
         partner_revocation.rebuild(&crls, enforce_expiry);
         let mut partners = Vec::with_capacity(config.partners.len());
@@ -173,6 +183,7 @@ impl Snapshot {
         Ok(Snapshot {
             ocsp,
             partner_revocation,
+            presented,
             origins: origins.finish(),
             tls,
             router: Router::new(partners),

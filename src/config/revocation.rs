@@ -26,6 +26,9 @@ impl TryFrom<&RawRevocation> for RevocationSettings {
         if r.max_crl_urls == 0 {
             bail!("revocation.max_crl_urls: must be at least 1");
         }
+        if r.max_presented_crl_urls == 0 {
+            bail!("revocation.max_presented_crl_urls: must be at least 1");
+        }
         if r.max_crl_bytes == 0 {
             bail!("revocation.max_crl_bytes: must be at least 1");
         }
@@ -64,6 +67,8 @@ impl TryFrom<&RawRevocation> for RevocationSettings {
             crl_urls: urls,
             crl_from_client_ca: r.crl_from_client_ca,
             max_crl_urls: r.max_crl_urls,
+            crl_from_presented: r.crl_from_presented,
+            max_presented_crl_urls: r.max_presented_crl_urls,
             max_crl_bytes: r.max_crl_bytes,
             fetch_timeout: r.fetch_timeout,
             refresh_interval: r.refresh_interval,

@@ -37,6 +37,9 @@ pub(crate) struct CrlSeries {
     bytes: Family<SourceLabels, Gauge>,
     last_ok: Family<SourceLabels, Gauge>,
     fetches: Family<FetchLabels, Counter>,
+    /// Distribution points of presented certificates followed, and those past the bound.
+    presented: Gauge,
+    presented_refused: Counter,
     /// Each source's held `thisUpdate` (the age is computed from it at each scrape).
     this_update: Mutex<HashMap<String, i64>>,
 }
@@ -69,6 +72,33 @@ impl CrlSeries {
             "CRL fetches by source and result",
             self.fetches.clone(),
         );
+        r.register(
+            "crl_presented_urls",
+            "CRL distribution points of presented certificates followed",
+            self.presented.clone(),
+        );
+        r.register(
+            "crl_presented_refused",
+            "CRL distribution points of presented certificates not followed \
+             (past revocation.max_presented_crl_urls)",
+            self.presented_refused.clone(),
+        );
+    }
+
+    /// `n` presented distribution points are followed.
+    pub(crate) fn presented_urls(&self, n: usize) {
+        self.presented.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// A presented distribution point was past the bound.
+    pub(crate) fn presented_refused(&self) {
+        self.presented_refused.inc();
+    }
+
+    /// How many were (tests).
+    #[cfg(test)]
+    pub(crate) fn presented_refused_count(&self) -> u64 {
+        self.presented_refused.get()
     }
 
     fn labels(source: &str) -> SourceLabels {

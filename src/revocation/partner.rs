@@ -33,6 +33,7 @@ use x509_parser::x509::SubjectPublicKeyInfo;
 use super::crypto;
 use super::ocsp::wire::Subject;
 use super::ocsp::{Gate, Ocsp};
+use super::presented::Presented;
 use crate::identity::CredentialError;
 
 /// Why a Partner certificate is refused.
@@ -73,6 +74,7 @@ pub struct PartnerRevocation {
     /// The CAs a CRL may come from: the client CAs and the Partners' CAs.
     issuers: ArcSwap<Vec<CertificateDer<'static>>>,
     ocsp: Arc<Ocsp>,
+    presented: Arc<Presented>,
 }
 
 impl std::fmt::Debug for PartnerRevocation {
@@ -84,18 +86,31 @@ impl std::fmt::Debug for PartnerRevocation {
 }
 
 impl PartnerRevocation {
-    /// Nothing indexed yet; OCSP answers from `ocsp`.
-    pub fn new(ocsp: Arc<Ocsp>) -> PartnerRevocation {
+    /// Nothing indexed yet; OCSP answers from `ocsp`; distribution points offered to
+    /// `presented`.
+    pub fn new(ocsp: Arc<Ocsp>, presented: Arc<Presented>) -> PartnerRevocation {
         PartnerRevocation {
             crls: ArcSwap::from_pointee(CrlIndex::default()),
             issuers: ArcSwap::from_pointee(Vec::new()),
             ocsp,
+            presented,
         }
+    }
+
+    /// Offers a Partner certificate's distribution points (after its chain and pin
+    /// passed; see `revocation::presented`).
+    pub fn offer(&self, leaf: &X509Certificate<'_>) {
+        self.presented.offer(leaf);
     }
 
     /// A config load's trusted CAs (client CAs and Partner CAs).
     pub(crate) fn set_issuers(&self, issuers: Vec<CertificateDer<'static>>) {
         self.issuers.store(Arc::new(issuers));
+    }
+
+    /// The trusted CAs of the last config load (client CAs and Partner CAs).
+    pub(crate) fn issuers(&self) -> Arc<Vec<CertificateDer<'static>>> {
+        self.issuers.load_full()
     }
 
     /// Indexes `crls` (every CRL the listener holds) against the trusted CAs.

@@ -120,6 +120,7 @@ impl Revocation {
             return Ok(()); // the chain verifier parsed it; unreachable
         };
         let secs = now.as_secs();
+        self.check.offer(&leaf);
         self.check
             .crl_check(&leaf, i64::try_from(secs).unwrap_or(i64::MAX))?;
         if !self.check.ocsp_enabled() {

@@ -21,6 +21,16 @@ pub struct RawRevocation {
     /// configured ones is a config error, more discovered ones are left out with a log
     /// line). Default: 16.
     pub max_crl_urls: usize,
+    /// Also fetch the CRL Distribution Points (http/https URIs) of certificates presented
+    /// to the gateway: Leaders' chains (once the chain verified) and `https` Partners'
+    /// certificates (once chain and AIC pin passed), only from a certificate whose issuer
+    /// is a trusted CA (a `listener.client_ca` or Partner `tls.ca` certificate), fetched
+    /// in the background (a handshake never waits for it). Default: false.
+    pub crl_from_presented: bool,
+    /// Distinct URLs taken from presented certificates at most (beside
+    /// `max_crl_urls`); more are not followed, counted in
+    /// `crl_presented_refused_total`. Default: 16.
+    pub max_presented_crl_urls: usize,
     /// Largest CRL body accepted, in bytes; a longer one is kept out (the last good one
     /// stays). Default: 4 MiB.
     pub max_crl_bytes: usize,
@@ -93,6 +103,8 @@ impl Default for RawRevocation {
             crl_urls: Vec::new(),
             crl_from_client_ca: false,
             max_crl_urls: 16,
+            crl_from_presented: false,
+            max_presented_crl_urls: 16,
             max_crl_bytes: 4 * 1024 * 1024,
             fetch_timeout: d10s(),
             refresh_interval: Duration::from_secs(3600),
