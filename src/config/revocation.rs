@@ -87,6 +87,7 @@ impl TryFrom<&RawRevocation> for RevocationSettings {
                 max_response_bytes: r.ocsp_max_response_bytes,
                 retry_interval: r.ocsp_retry_interval,
                 max_queries: r.ocsp_max_queries,
+                max_responder_labels: r.ocsp_max_responder_labels,
             },
         })
     }

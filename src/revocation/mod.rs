@@ -17,6 +17,7 @@
 pub(crate) mod check;
 pub(crate) mod crypto;
 pub(crate) mod fetch;
+pub(crate) mod live;
 pub mod ocsp;
 pub mod partner;
 pub mod presented;

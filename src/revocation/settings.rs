@@ -71,6 +71,8 @@ pub struct OcspSettings {
     pub retry_interval: Duration,
     /// Queries waiting or in flight at most.
     pub max_queries: usize,
+    /// Responders with a metrics label of their own at most (the rest: `other`).
+    pub max_responder_labels: usize,
 }
 
 impl RevocationSettings {

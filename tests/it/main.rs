@@ -16,6 +16,7 @@ mod faults;
 mod fleet_metrics;
 mod fleet_snapshots;
 mod forward;
+mod inspect_live;
 mod layout;
 mod ocsp;
 mod ops;

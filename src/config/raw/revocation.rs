@@ -89,6 +89,9 @@ pub struct RawRevocation {
     /// counted (`ocsp_errors_total{reason="queue_full"}`) and treated as unanswered.
     /// Default: 64.
     pub ocsp_max_queries: usize,
+    /// Responders with a label of their own in the OCSP metrics (`responder` = its URL):
+    /// the first ones seen; the rest share `responder="other"`. Default: 16.
+    pub ocsp_max_responder_labels: usize,
     /// Staple an OCSP response to the gateway's own certificate when `listener.cert`
     /// names a responder (AIA) and its issuer is in that file or among
     /// `listener.client_ca`: asked in the background, refreshed half-way to its
@@ -121,6 +124,7 @@ impl Default for RawRevocation {
             ocsp_max_response_bytes: 64 * 1024,
             ocsp_retry_interval: Duration::from_secs(10),
             ocsp_max_queries: 64,
+            ocsp_max_responder_labels: 16,
             ocsp_stapling: true,
         }
     }

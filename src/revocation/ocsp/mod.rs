@@ -113,6 +113,9 @@ impl std::fmt::Debug for Ocsp {
 impl Ocsp {
     /// An empty cache following `settings`.
     pub fn new(settings: &RevocationSettings, metrics: Arc<Metrics>) -> Ocsp {
+        metrics
+            .ocsp
+            .set_max_responders(settings.ocsp.max_responder_labels);
         let (queue, receiver) = tokio::sync::mpsc::unbounded_channel();
         Ocsp {
             settings: ArcSwap::from_pointee(settings.clone()),
@@ -127,6 +130,9 @@ impl Ocsp {
 
     /// A reload's settings (the answers stay: they do not depend on the config).
     pub fn reconfigure(&self, settings: &RevocationSettings) {
+        self.metrics
+            .ocsp
+            .set_max_responders(settings.ocsp.max_responder_labels);
         self.settings.store(Arc::new(settings.clone()));
     }
 
@@ -199,7 +205,10 @@ impl Ocsp {
             }
         };
         drop(map);
-        self.metrics.ocsp.looked_up(hit);
+        subject
+            .lookups
+            .get_or_init(|| self.metrics.ocsp.lookups(&subject.url))
+            .looked_up(hit);
         match status {
             Some(Status::Good) => Gate::Pass,
             Some(Status::Revoked) => Gate::Refuse(CredentialError::Revoked),
@@ -233,7 +242,9 @@ impl Ocsp {
             if taken {
                 self.queries.fetch_sub(1, Ordering::AcqRel);
             }
-            self.metrics.ocsp.failed(Failure::QueueFull.label());
+            self.metrics
+                .ocsp
+                .failed(&subject.url, Failure::QueueFull.label());
             return false;
         }
         true
@@ -302,7 +313,9 @@ impl Ocsp {
         let o = &settings.ocsp;
         let entry = match result {
             Ok(answer) => {
-                self.metrics.ocsp.answered(answer.status.label());
+                self.metrics
+                    .ocsp
+                    .answered(&subject.url, answer.status.label());
                 if answer.status == Status::Revoked {
                     tracing::warn!(responder = subject.url, "ocsp: certificate revoked");
                 }
@@ -319,7 +332,7 @@ impl Ocsp {
                 }
             }
             Err(failure) => {
-                self.metrics.ocsp.failed(failure.label());
+                self.metrics.ocsp.failed(&subject.url, failure.label());
                 tracing::warn!(
                     responder = subject.url,
                     reason = failure.label(),

@@ -43,6 +43,8 @@ pub struct Subject {
     pub request: Vec<u8>,
     cert_id: CertId,
     issuer: CertificateDer<'static>,
+    /// Its responder's lookup counters, resolved at its first lookup.
+    pub(crate) lookups: std::sync::OnceLock<crate::metrics::revocation::ResponderLookups>,
 }
 
 /// A certificate's status as the responder gave it.
@@ -199,6 +201,7 @@ impl Subject {
             request,
             cert_id,
             issuer,
+            lookups: std::sync::OnceLock::new(),
         })
     }
 
