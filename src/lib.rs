@@ -94,8 +94,10 @@
 //!   (`revocation::ocsp`: cache, queries on a background task, the request-path gate);
 //!   `https` Partners' certificates judged against the same CRLs and answers
 //!   (`revocation::partner`); the gateway's own certificate's OCSP staple
-//!   (`revocation::staple`, kept fresh by `revocation::stapling`); every signature check
-//!   of a revocation source in `revocation::crypto`.
+//!   (`revocation::staple`, kept fresh by `revocation::stapling`); the CRL distribution
+//!   points of presented certificates (`revocation::presented`); `inspect-cert`'s live
+//!   status (`revocation::live`); every signature check of a revocation source in
+//!   `revocation::crypto`.
 //! - `hex`: lowercase hex encoding.
 //! - `allocator`: jemalloc's own figures (allocated, resident, metadata) for `/metrics`.
 
