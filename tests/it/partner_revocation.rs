@@ -101,3 +101,35 @@ async fn a_partner_revoked_by_its_ocsp_responder_is_502_upstream_tls() {
     assert!(counter(&gw, tls_errors_key()).await >= 1.0);
     assert_eq!(partner.seen().len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partner_is_refused_through_its_own_certificates_distribution_point() {
+    let pki = Pki::new();
+    let crls = CrlServer::start(crl(&pki.ca, &[])).await;
+    let mut spec = CertSpec::partner_server(PARTNER_AIC, &["localhost", "127.0.0.1"]);
+    spec.serial = Some(SERIAL);
+    spec.crl_distribution_points = vec![crls.url()];
+    let server = pki.issue(&spec);
+    let partner = TestPartner::start_with(Behaviour::Echo, Some(partner_tls(&pki, &server))).await;
+    // No crl_urls: the only source is the one the Partner's certificate names.
+    let revocation = "[revocation]\ncrl_from_presented = true\nrefresh_interval = \"200ms\"\nretry_interval = \"50ms\"\n";
+    let gw = gateway(&pki, &partner, revocation).await;
+    let leader = pki.leader(LEADER_A, false);
+    let body = rpc_start("1", LEADER_A, "t");
+    let r = leader.post(gw.addr, "/s/rpc", &body).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    // Offered at that handshake, fetched in the background.
+    wait_fetches(&gw, &crls.url(), "ok", 0.0).await;
+
+    crls.serve(crl(&pki.ca, &[SERIAL]));
+    let ok = fetches(&gw, &crls.url(), "ok").await;
+    wait_fetches(&gw, &crls.url(), "ok", ok).await;
+    let r = leader.post(gw.addr, "/s/rpc", &body).await.unwrap();
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert!(r.text().contains("revoked (CRL)"), "{}", r.text());
+    assert_eq!(
+        partner.seen().len(),
+        1,
+        "the revoked Partner got nothing more"
+    );
+}
