@@ -54,6 +54,7 @@ impl Background {
         loops.spawn(crate::upkeep::run(gateway.clone()));
         loops.spawn(crate::revocation::run(gateway.clone()));
         loops.spawn(crate::revocation::ocsp::run(snap.ocsp.clone()));
+        loops.spawn(crate::revocation::stapling::run(gateway.clone()));
         let mut writer = None;
         if let Some(c) = snap.cluster.clone() {
             loops.spawn(crate::cluster::streams::renew_loop(c.clone()));

@@ -27,6 +27,8 @@ use crate::policy::tasks::{MemoryTaskOwners, TaskOwners};
 use crate::ratelimit::concurrency::{InFlight, StreamCounts};
 use crate::ratelimit::{GovernorLimiter, Limiter};
 use crate::revocation::ocsp::Ocsp;
+use crate::revocation::partner::PartnerRevocation;
+use crate::revocation::presented::Presented;
 use crate::routing::{Partner, Router};
 use crate::sse::handed::HandedOver;
 use crate::sse::memory::MemoryStore;
@@ -59,11 +61,16 @@ pub struct Snapshot {
     pub cluster: Option<Arc<Cluster>>,
     /// The Partners' origins (their connection pools) and the budget they share.
     pub(crate) origins: Origins,
-    /// OCSP answers for Leader certificates (carried over reloads).
+    /// OCSP answers for Leader and Partner certificates (carried over reloads).
     pub ocsp: Arc<Ocsp>,
     /// The streams the process this one took over from held (shared like the replay
     /// buffer).
     pub(crate) handed_over: Arc<HandedOver>,
+    /// The CRLs and OCSP answers `https` Partners' certificates are checked against
+    /// (carried over reloads; its CRLs follow the listener's).
+    pub partner_revocation: Arc<PartnerRevocation>,
+    /// The CRL Distribution Points of presented certificates (carried over reloads).
+    pub presented: Arc<Presented>,
 }
 
 /// State that outlives a config snapshot.
@@ -102,13 +109,40 @@ impl Snapshot {
             rules,
             previous.map(|p| &p.tls),
             config.revocation.fetches(),
+            config.revocation.stapling,
         )?;
+        let ocsp = match previous {
+            Some(prev) => {
+                prev.ocsp.reconfigure(&config.revocation);
+                prev.ocsp.clone()
+            }
+            None => Arc::new(Ocsp::new(&config.revocation, stores.metrics.clone())),
+        };
+        let presented = match previous {
+            Some(prev) => prev.presented.clone(),
+            None => Arc::new(Presented::new(stores.metrics.clone())),
+        };
+        let partner_revocation = match previous {
+            Some(prev) => prev.partner_revocation.clone(),
+            None => Arc::new(PartnerRevocation::new(ocsp.clone(), presented.clone())),
+        };
+        let trusted = trusted_cas(&tls, &config)?;
+        let r = &config.revocation;
+        presented.configure(r.crl_from_presented, r.max_presented_crl_urls, &trusted);
+        partner_revocation.set_issuers(trusted);
+        let (crls, enforce_expiry) = tls.trust.crls();
+        partner_revocation.rebuild(&crls, enforce_expiry);
         let mut partners = Vec::with_capacity(config.partners.len());
         let mut origins = OriginsBuilder::new(
             &config.upstream,
             &config.aic_domain_suffix,
             config.partner_pools(),
             previous.map(|prev| &prev.origins),
+        )
+        .with_revocation(
+            config
+                .checks_revocation()
+                .then(|| partner_revocation.clone()),
         );
         // The previous Partners by name: each found by a lookup, not a search.
         let before: HashMap<&str, &Arc<Partner>> = previous
@@ -152,15 +186,10 @@ impl Snapshot {
             .metrics
             .rebind_partners(&config.partner_metrics, names);
         record_cert_expiry(&stores.metrics, &config);
-        let ocsp = match previous {
-            Some(prev) => {
-                prev.ocsp.reconfigure(&config.revocation);
-                prev.ocsp.clone()
-            }
-            None => Arc::new(Ocsp::new(&config.revocation, stores.metrics.clone())),
-        };
         Ok(Snapshot {
             ocsp,
+            partner_revocation,
+            presented,
             origins: origins.finish(),
             tls,
             router: Router::new(partners),
@@ -175,6 +204,22 @@ impl Snapshot {
             config: Arc::new(config),
         })
     }
+}
+
+/// The CAs a CRL checked for Partners may come from: the client CAs and every Partner's
+/// `tls.ca` (each file read once).
+fn trusted_cas(
+    tls: &ServerTls,
+    config: &Config,
+) -> anyhow::Result<Vec<rustls::pki_types::CertificateDer<'static>>> {
+    let mut cas = tls.trust.ca_certs().to_vec();
+    let mut seen = std::collections::HashSet::new();
+    for t in config.partners.iter().filter_map(|p| p.tls.as_ref()) {
+        if seen.insert(&t.ca) {
+            cas.extend(tls::pem::load_certs(&t.ca)?);
+        }
+    }
+    Ok(cas)
 }
 
 /// The running gateway's shared state.

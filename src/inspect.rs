@@ -21,8 +21,10 @@ pub(crate) struct Report {
     pub accepted: bool,
 }
 
-/// Inspects the first certificate of a PEM file (later ones are taken as intermediates).
-pub(crate) fn inspect(
+/// Inspects the first certificate of a PEM file (later ones are taken as intermediates);
+/// with a config, its live revocation status too (`revocation::live`: CRL sources fetched
+/// and the OCSP responder asked now).
+pub(crate) async fn inspect(
     cert_path: &Path,
     config: Option<&Config>,
     suffix: &str,
@@ -107,6 +109,7 @@ pub(crate) fn inspect(
                 accepted = false;
                 let _ = writeln!(out, "policy:      {aic} is on policy.blocked");
             }
+            accepted &= crate::revocation::live::report(&certs, cfg, &mut out).await?;
         }
     }
     let _ = writeln!(

@@ -91,7 +91,13 @@
 //!   per connection and moved; a body's bound armed only if it is not already there).
 //! - `revocation`: CRLs fetched from URLs and kept current by a background task; a new
 //!   CRL is a new trust generation (`tls::live`); OCSP answers for Leader certificates
-//!   (`revocation::ocsp`: cache, queries on a background task, the request-path gate).
+//!   (`revocation::ocsp`: cache, queries on a background task, the request-path gate);
+//!   `https` Partners' certificates judged against the same CRLs and answers
+//!   (`revocation::partner`); the gateway's own certificate's OCSP staple
+//!   (`revocation::staple`, kept fresh by `revocation::stapling`); the CRL distribution
+//!   points of presented certificates (`revocation::presented`); `inspect-cert`'s live
+//!   status (`revocation::live`); every signature check of a revocation source in
+//!   `revocation::crypto`.
 //! - `systemd`: what systemd is told (`sd_notify`: ready, reloading, stopping, status,
 //!   the main process after a take-over).
 //! - `hex`: lowercase hex encoding.

@@ -221,6 +221,8 @@ pub struct Metrics {
     pub(crate) crl: revocation::CrlSeries,
     /// OCSP answers, cache lookups and errors (`revocation::ocsp`).
     pub(crate) ocsp: revocation::OcspSeries,
+    /// The gateway's own certificate's OCSP staple (`revocation::staple`).
+    pub(crate) staple: revocation::StapleSeries,
 }
 
 /// Requests: counts and latencies.
@@ -463,6 +465,7 @@ impl Metrics {
             certs: Mutex::new(HashSet::new()),
             crl: revocation::CrlSeries::default(),
             ocsp: revocation::OcspSeries::default(),
+            staple: revocation::StapleSeries::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -475,6 +478,7 @@ impl Metrics {
         register_cluster(r, &m);
         m.crl.register(r);
         m.ocsp.register(r);
+        m.staple.register(r);
         Metrics { registry, ..m }
     }
 

@@ -11,6 +11,11 @@ handshakes: resumption off on every proxy), --resume (a new connection per reque
 TLS 1.3 resumption on), --sse (events per CPU-second through `stream` answers of
 --events events each). Without a mode, --http1 and --http2.
 
+--revocation measures, beside aipgw, the same binary with revocation on: the dev CA's
+CRL fetched over HTTP (python3 -m http.server) and OCSP (`soft`) asked of `openssl ocsp`
+for the Leader's certificate, its answer cached (issue 31: full handshakes per
+CPU-second with it on against off).
+
 --gateway LABEL=PATH (repeatable) measures other aipgw binaries beside the default one
 (e.g. allocator builds); --only NAMES limits the proxies (aipgw,nginx,haproxy,bare).
 
@@ -617,6 +622,34 @@ PLAIN_ARM = " via L4"
 PP_ARM = " via L4 + PROXY v2"
 
 
+def start_revocation(d, proxies):
+    """A CRL server and an OCSP responder for the dev CA; adds `aipgw+revocation`."""
+    serial = subprocess.run(["openssl", "x509", "-noout", "-serial", "-in", str(d / "leader-v1.pem")],
+                            capture_output=True, text=True, check=True).stdout.strip().split("=", 1)[1]
+    (d / "index.txt").write_text(f"V\t351231235959Z\t\t{serial}\tunknown\t/CN=leader\n")
+    crl_port, ocsp_port = free_port(), free_port()
+    crl = Proc("crl-server", [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(crl_port),
+                              "--directory", str(d)], LOAD_CPU, d, wait_port=crl_port)
+    # openssl ocsp is never probed with a bare connect (it would stay on that one): its
+    # first line says it listens.
+    ocsp = subprocess.Popen(["taskset", "-c", LOAD_CPU, "openssl", "ocsp", "-index", str(d / "index.txt"),
+                             "-port", str(ocsp_port), "-rsigner", str(d / "ca.pem"), "-rkey", str(d / "ca.key"),
+                             "-CA", str(d / "ca.pem"), "-nmin", "60"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    if "ACCEPT" not in ocsp.stdout.readline():
+        die("openssl ocsp did not start")
+    ocsp.stop = ocsp.kill
+    toml = f"""
+[revocation]
+crl_urls = ["http://127.0.0.1:{crl_port}/crl.pem"]
+ocsp = "soft"
+ocsp_url = "http://127.0.0.1:{ocsp_port}/"
+"""
+    if any(n == "aipgw" for n, _, _ in proxies):
+        proxies.append(("aipgw+revocation", str(RELEASE / "aipgw"), toml))
+    return [crl, ocsp]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for m in ("http1", "http2", "handshake", "resume", "sse"):
@@ -634,6 +667,8 @@ def main():
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--strace", action="store_true", help="after the rounds, one run per proxy under strace -c: system calls per request by name")
     ap.add_argument("--install", action="store_true")
+    ap.add_argument("--revocation", action="store_true", help="beside aipgw, the same binary with a fetched CRL and OCSP (soft, "
+                    "answers cached) on, served by python3 -m http.server and openssl ocsp on loopback")
     sizes = lambda v: [int(x) for x in v.split(",") if x]  # noqa: E731
     ap.add_argument("--routes", type=sizes, default=[], help="fleet mode: N Partners, the load to the last (e.g. 1,1000,10000)")
     ap.add_argument("--proxy-protocol", action="store_true", help="each gateway behind an L4 HAProxy front, "
@@ -667,6 +702,7 @@ def main():
         subprocess.run([str(RELEASE / "aipgw"), "dev-certs", "--out", str(d)], check=True, capture_output=True)
         (d / "rpc.json").write_text(RPC_BODY)
         (d / "stream.json").write_text(STREAM_BODY)
+        responders = start_revocation(d, proxies) if args.revocation else []
         backend = Proc("backend", [str(RELEASE / "examples" / "load_backend"), "--events", str(args.events)], LOAD_CPU, d)
         where = "the gateway on the CPUs its label names" if args.scaling else f"proxies on CPU {PROXY_CPU}"
         print(f"# load comparison, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs; {where}, "
@@ -691,6 +727,8 @@ def main():
                     report_proxy_protocol(mode, per_cpu)
         finally:
             backend.stop()
+            for r in responders:
+                r.stop()
 
 
 if __name__ == "__main__":

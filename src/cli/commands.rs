@@ -131,7 +131,9 @@ async fn dispatch(
             let suffix = cfg
                 .as_ref()
                 .map_or("acps.pub".to_owned(), |c| c.aic_domain_suffix.clone());
-            let report = crate::inspect::inspect(&file, cfg.as_ref(), &suffix).map_err(usage)?;
+            let report = crate::inspect::inspect(&file, cfg.as_ref(), &suffix)
+                .await
+                .map_err(usage)?;
             print!("{}", report.text);
             if report.accepted {
                 Ok(())

@@ -273,6 +273,14 @@ impl Config {
         }
     }
 
+    /// Whether any revocation source is configured (`listener.crl` files, fetched CRLs,
+    /// OCSP): `https` Partners' certificates are then checked too.
+    pub fn checks_revocation(&self) -> bool {
+        !self.listener.crl.is_empty()
+            || self.revocation.fetches()
+            || self.revocation.ocsp.policy != crate::revocation::settings::OcspPolicy::Off
+    }
+
     /// How many pools each Partner has: one per worker with `scheduler = "per_core"`
     /// (a worker's requests use its own Partner connections), else one.
     pub fn partner_pools(&self) -> usize {

@@ -26,6 +26,9 @@ impl TryFrom<&RawRevocation> for RevocationSettings {
         if r.max_crl_urls == 0 {
             bail!("revocation.max_crl_urls: must be at least 1");
         }
+        if r.max_presented_crl_urls == 0 {
+            bail!("revocation.max_presented_crl_urls: must be at least 1");
+        }
         if r.max_crl_bytes == 0 {
             bail!("revocation.max_crl_bytes: must be at least 1");
         }
@@ -64,6 +67,8 @@ impl TryFrom<&RawRevocation> for RevocationSettings {
             crl_urls: urls,
             crl_from_client_ca: r.crl_from_client_ca,
             max_crl_urls: r.max_crl_urls,
+            crl_from_presented: r.crl_from_presented,
+            max_presented_crl_urls: r.max_presented_crl_urls,
             max_crl_bytes: r.max_crl_bytes,
             fetch_timeout: r.fetch_timeout,
             refresh_interval: r.refresh_interval,
@@ -71,6 +76,7 @@ impl TryFrom<&RawRevocation> for RevocationSettings {
             retry_interval: r.retry_interval,
             jitter: r.jitter,
             tls_ca: r.tls_ca.clone(),
+            stapling: r.ocsp_stapling,
             ocsp: OcspSettings {
                 policy: r.ocsp,
                 url: r.ocsp_url.clone(),
@@ -81,6 +87,7 @@ impl TryFrom<&RawRevocation> for RevocationSettings {
                 max_response_bytes: r.ocsp_max_response_bytes,
                 retry_interval: r.ocsp_retry_interval,
                 max_queries: r.ocsp_max_queries,
+                max_responder_labels: r.ocsp_max_responder_labels,
             },
         })
     }

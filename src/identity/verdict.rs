@@ -114,6 +114,9 @@ struct Judged {
     /// What OCSP is asked about the chain's end entity, made at its first request under
     /// an OCSP policy (shared, like the verdict, by every connection with the chain).
     ocsp: std::sync::OnceLock<Option<Arc<Subject>>>,
+    /// Whether the chain's CRL Distribution Points were offered under this verdict
+    /// (`revocation::presented`; once per chain and generation, not per connection).
+    offered: std::sync::OnceLock<()>,
 }
 
 /// A connection's client chain and its current verdict.
@@ -208,6 +211,17 @@ impl ConnIdentity {
             .clone()
     }
 
+    /// Runs `offer` on the chain the first time it is asked under the current verdict
+    /// (shared by every connection with the chain): one atomic load afterwards.
+    pub fn once_per_verdict(&self, offer: impl FnOnce(&[CertificateDer<'static>])) {
+        let cur = self.current.load();
+        cur.offered.get_or_init(|| {
+            if let Some(chain) = self.chain.as_deref() {
+                offer(chain);
+            }
+        });
+    }
+
     /// The OCSP subject if one was made already under the current verdict.
     pub fn ocsp_subject_made(&self) -> Option<Arc<Subject>> {
         self.current.load().ocsp.get().cloned().flatten()
@@ -268,6 +282,7 @@ fn judge_anew(
         generation: trust.generation,
         recheck_at,
         ocsp: std::sync::OnceLock::new(),
+        offered: std::sync::OnceLock::new(),
     }
 }
 

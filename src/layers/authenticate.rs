@@ -26,6 +26,13 @@ impl<B> Check<B, Arrived> for AuthenticateStep {
         let error = match verdict {
             ConnAuth::Verified(caller) => {
                 x.log.aic = Some(caller.aic);
+                // A verified chain: its CRL Distribution Points may be followed.
+                let presented = &x.snap.presented;
+                if presented.enabled() {
+                    x.conn
+                        .identity
+                        .once_per_verdict(|chain| presented.offer_chain(chain));
+                }
                 let ocsp = x
                     .snap
                     .ocsp

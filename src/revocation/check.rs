@@ -45,18 +45,33 @@ pub(crate) struct GoodCrl {
     pub(crate) der: CertificateRevocationListDer<'static>,
     pub(crate) this_update: i64,
     pub(crate) next_update: Option<i64>,
+    /// Issued by a `listener.client_ca` certificate (judges Leaders); otherwise by a
+    /// Partner's CA (judges Partners only).
+    pub(crate) listener: bool,
 }
 
-/// The CAs a fetched CRL may come from: the `listener.client_ca` certificates.
+/// The CAs a fetched CRL may come from: the `listener.client_ca` certificates, then the
+/// Partners' `tls.ca` certificates.
 pub(crate) struct Issuers {
     certs: Vec<CertificateDer<'static>>,
+    /// How many of `certs` (the first ones) are client CAs.
+    clients: usize,
     roots: Arc<RootCertStore>,
 }
 
 impl Issuers {
-    /// The issuers, and the roots the chain verifier is built from.
-    pub(crate) fn new(certs: Vec<CertificateDer<'static>>, roots: Arc<RootCertStore>) -> Issuers {
-        Issuers { certs, roots }
+    /// The issuers (the first `clients` of them client CAs), and the roots the chain
+    /// verifier is built from.
+    pub(crate) fn new(
+        certs: Vec<CertificateDer<'static>>,
+        clients: usize,
+        roots: Arc<RootCertStore>,
+    ) -> Issuers {
+        Issuers {
+            certs,
+            clients,
+            roots,
+        }
     }
 
     /// Judges a fetched body; `held_this_update` is the `thisUpdate` of the CRL already
@@ -66,7 +81,8 @@ impl Issuers {
         let (_, crl) = CertificateRevocationList::from_der(&der).map_err(|_| KeptOut::Malformed)?;
         let mut named = false;
         let mut signed = false;
-        for ca in &self.certs {
+        let mut listener = false;
+        for (i, ca) in self.certs.iter().enumerate() {
             let Ok((_, cert)) = X509Certificate::from_der(ca) else {
                 continue;
             };
@@ -74,8 +90,9 @@ impl Issuers {
                 continue;
             }
             named = true;
-            if crl.verify_signature(cert.public_key()).is_ok() {
+            if super::crypto::crl_signed_by(&crl, cert.public_key()) {
                 signed = true;
+                listener = i < self.clients;
                 break;
             }
         }
@@ -101,6 +118,7 @@ impl Issuers {
             der,
             this_update,
             next_update,
+            listener,
         })
     }
 }
@@ -118,10 +136,15 @@ fn to_der(body: &[u8]) -> Result<Vec<u8>, KeptOut> {
 
 /// The http(s) CRL Distribution Point URIs a certificate names.
 pub(crate) fn distribution_points(der: &[u8]) -> Vec<String> {
+    match X509Certificate::from_der(der) {
+        Ok((_, cert)) => cert_distribution_points(&cert),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The http(s) CRL Distribution Point URIs a parsed certificate names.
+pub(crate) fn cert_distribution_points(cert: &X509Certificate<'_>) -> Vec<String> {
     use x509_parser::extensions::{DistributionPointName, GeneralName, ParsedExtension};
-    let Ok((_, cert)) = X509Certificate::from_der(der) else {
-        return Vec::new();
-    };
     let mut out = Vec::new();
     for ext in cert.extensions() {
         let ParsedExtension::CRLDistributionPoints(points) = ext.parsed_extension() else {
@@ -151,7 +174,7 @@ mod tests {
     fn issuers(ca: &DevCa) -> Issuers {
         let mut roots = RootCertStore::empty();
         roots.add(ca.cert_der()).unwrap();
-        Issuers::new(vec![ca.cert_der()], Arc::new(roots))
+        Issuers::new(vec![ca.cert_der()], 1, Arc::new(roots))
     }
 
     #[test]

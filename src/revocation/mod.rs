@@ -15,9 +15,15 @@
 //! as for files.
 
 pub(crate) mod check;
+pub(crate) mod crypto;
 pub(crate) mod fetch;
+pub(crate) mod live;
 pub mod ocsp;
+pub mod partner;
+pub mod presented;
 pub mod settings;
+pub mod staple;
+pub mod stapling;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -64,8 +70,12 @@ struct Fetcher {
     /// The snapshot the client and the source list were made for (a reload makes a new
     /// one; held weakly, so an old snapshot is not kept alive by this task).
     made_for: std::sync::Weak<Snapshot>,
+    /// The version of the presented certificates' URLs the source list was made with.
+    presented: u64,
     client: Option<CrlClient>,
     urls: Vec<String>,
+    /// The snapshot the good CRLs were last given to.
+    published_to: std::sync::Weak<Snapshot>,
 }
 
 /// Fetches and refreshes the CRLs of the current config until aborted (see the module
@@ -76,8 +86,10 @@ pub async fn run(gateway: Arc<Gateway>) {
         sources: HashMap::new(),
         version: 0,
         made_for: std::sync::Weak::new(),
+        presented: u64::MAX,
         client: None,
         urls: Vec::new(),
+        published_to: std::sync::Weak::new(),
     };
     loop {
         let snap = gateway.snapshot();
@@ -94,18 +106,38 @@ pub async fn run(gateway: Arc<Gateway>) {
             .min()
             .unwrap_or_else(|| Instant::now() + s.retry_interval)
             .min(Instant::now() + s.retry_interval);
-        tokio::time::sleep_until(wake).await;
+        // A presented certificate naming a new distribution point wakes the task early.
+        tokio::select! {
+            () = tokio::time::sleep_until(wake) => {}
+            () = snap.presented.changed() => {}
+        }
     }
 }
 
 impl Fetcher {
     /// Takes a new config's sources: new ones are fetched now, removed ones forgotten.
     fn follow(&mut self, snap: &Arc<Snapshot>) {
-        if std::ptr::eq(self.made_for.as_ptr(), Arc::as_ptr(snap)) {
+        let (presented, version) = snap.presented.urls();
+        let same = std::ptr::eq(self.made_for.as_ptr(), Arc::as_ptr(snap));
+        if same && version == self.presented {
             return;
         }
+        self.presented = version;
         let s = &snap.config.revocation;
         self.urls = sources(s, snap.tls.trust.ca_certs());
+        for u in presented {
+            if !self.urls.contains(&u) {
+                self.urls.push(u);
+            }
+        }
+        if same {
+            // Only new presented URLs: the client and the sources held stay.
+            for u in &self.urls {
+                self.sources.entry(u.clone()).or_default();
+            }
+            tracing::info!(sources = self.urls.len(), "revocation: CRL sources");
+            return;
+        }
         self.client = if s.fetches() {
             match fetch::client(s) {
                 Ok(c) => Some(c),
@@ -158,7 +190,13 @@ impl Fetcher {
             .map(|(url, held)| async move { (url, fetch::fetch(client, url, held, s).await) });
         let results = futures_util::future::join_all(fetches).await;
         let live = &snap.tls.trust;
-        let issuers = Issuers::new(live.ca_certs().to_vec(), live.roots().clone());
+        // The client CAs and the Partners' CAs (a Partner's CRL is checked against its CA).
+        let trusted = snap.partner_revocation.issuers();
+        let issuers = Issuers::new(
+            trusted.to_vec(),
+            live.ca_certs().len(),
+            live.roots().clone(),
+        );
         for (url, fetched) in results {
             self.settle(url, fetched, &issuers, snap);
         }
@@ -211,23 +249,36 @@ impl Fetcher {
         src.due = Some(Instant::now() + wait);
     }
 
-    /// Gives the current snapshot's trust settings the good CRLs, if they changed since
-    /// they were built (also after a reload built them from an older set).
-    fn publish(&self, snap: &Snapshot) {
+    /// Gives the current snapshot's trust settings the good CRLs of client CAs, and the
+    /// Partner index every CRL, if they changed since they were built (also after a
+    /// reload built them from an older set).
+    fn publish(&mut self, snap: &Arc<Snapshot>) {
         let live = &snap.tls.trust;
-        if live.fetched().1 == self.version {
+        let same = std::ptr::eq(self.published_to.as_ptr(), Arc::as_ptr(snap));
+        if same && live.fetched().1 == self.version {
             return;
         }
         // In the order of the sources (the same set gives the same verifier).
-        let crls: Vec<CertificateRevocationListDer<'static>> = self
+        let good: Vec<&GoodCrl> = self
             .urls
             .iter()
             .filter_map(|u| self.sources.get(u)?.good.as_ref())
+            .collect();
+        let crls: Vec<CertificateRevocationListDer<'static>> = good
+            .iter()
+            .filter(|g| g.listener)
             .map(|g| g.der.clone())
             .collect();
-        if let Err(e) = live.rebuild(Arc::from(crls), self.version) {
-            tracing::error!(error = %format!("{e:#}"), "revocation: trust settings not rebuilt");
+        if live.fetched().1 != self.version {
+            if let Err(e) = live.rebuild(Arc::from(crls), self.version) {
+                tracing::error!(error = %format!("{e:#}"), "revocation: trust settings not rebuilt");
+                return;
+            }
         }
+        let (mut all, enforce_expiry) = live.crls();
+        all.extend(good.iter().filter(|g| !g.listener).map(|g| g.der.clone()));
+        snap.partner_revocation.rebuild(&all, enforce_expiry);
+        self.published_to = Arc::downgrade(snap);
     }
 }
 

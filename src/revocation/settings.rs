@@ -13,6 +13,10 @@ pub struct RevocationSettings {
     pub crl_from_client_ca: bool,
     /// Distinct URLs fetched at most.
     pub max_crl_urls: usize,
+    /// Also fetch the CRL Distribution Points of certificates presented to the gateway.
+    pub crl_from_presented: bool,
+    /// Distinct URLs taken from presented certificates at most.
+    pub max_presented_crl_urls: usize,
     /// Largest CRL body accepted.
     pub max_crl_bytes: usize,
     /// A whole fetch's time bound.
@@ -29,6 +33,8 @@ pub struct RevocationSettings {
     pub tls_ca: Option<PathBuf>,
     /// OCSP for Leader certificates.
     pub ocsp: OcspSettings,
+    /// Staple an OCSP response to the listener's certificate.
+    pub stapling: bool,
 }
 
 /// What an OCSP answer that cannot be had does (`revocation.ocsp`).
@@ -65,12 +71,15 @@ pub struct OcspSettings {
     pub retry_interval: Duration,
     /// Queries waiting or in flight at most.
     pub max_queries: usize,
+    /// Responders with a metrics label of their own at most (the rest: `other`).
+    pub max_responder_labels: usize,
 }
 
 impl RevocationSettings {
-    /// Whether any CRL is fetched (configured URLs, or discovery from the client CAs).
+    /// Whether any CRL is fetched (configured URLs, or discovery from the client CAs or
+    /// from presented certificates).
     pub fn fetches(&self) -> bool {
-        !self.crl_urls.is_empty() || self.crl_from_client_ca
+        !self.crl_urls.is_empty() || self.crl_from_client_ca || self.crl_from_presented
     }
 }
 

@@ -1,6 +1,7 @@
 //! TLS to Partners: the Partner's CA, the gateway's own client certificate (reference
 //! Partners require mutual TLS), and, when the config names the Partner's AIC, a check
-//! that the Partner's certificate carries exactly that AIC.
+//! that the Partner's certificate carries exactly that AIC; then its revocation status
+//! (the listener's CRLs and the OCSP answers cache: `revocation::partner`).
 
 use std::sync::Arc;
 
@@ -18,6 +19,8 @@ use super::server::provider;
 use crate::config::PartnerTlsConfig;
 use crate::identity::cert::aic_from_certificate;
 use crate::identity::Aic;
+use crate::revocation::ocsp::wire::Subject;
+use crate::revocation::partner::{PartnerRevocation, PartnerRevoked};
 
 /// The error a Partner certificate gets when its AIC is not the configured one.
 #[derive(Debug, thiserror::Error)]
@@ -27,16 +30,19 @@ pub(crate) struct PartnerAicMismatch {
     pub expected: Aic,
 }
 
-/// Builds the client config for one Partner.
+/// Builds the client config for one Partner; its certificate's revocation status is
+/// judged with `revocation` (when given).
 pub(crate) fn partner_client_config(
     tls: &PartnerTlsConfig,
     expected_aic: Option<Aic>,
     aic_suffix: &str,
+    revocation: Option<Arc<PartnerRevocation>>,
 ) -> anyhow::Result<ClientConfig> {
     let mut roots = RootCertStore::empty();
-    for cert in pem::load_certs(&tls.ca)? {
+    let cas = pem::load_certs(&tls.ca)?;
+    for cert in &cas {
         roots
-            .add(cert)
+            .add(cert.clone())
             .with_context(|| format!("{}: not a usable CA certificate", tls.ca.display()))?;
     }
     let roots = Arc::new(roots);
@@ -46,11 +52,17 @@ pub(crate) fn partner_client_config(
     // Reference Partner certificates name only their AIC: with a pinned AIC and no
     // `server_name`, the AIC claim is the name that is verified, not the URL's host.
     let by_aic = expected_aic.is_some() && tls.server_name.is_none();
+    let checked = revocation.is_some();
     let verifier = Arc::new(PartnerVerifier {
         inner,
         roots: by_aic.then_some(roots),
         expected_aic,
         aic_suffix: aic_suffix.to_owned(),
+        revocation: revocation.map(|r| Revocation {
+            check: r,
+            cas,
+            subject: std::sync::Mutex::new(None),
+        }),
     });
     let builder = ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
@@ -58,12 +70,16 @@ pub(crate) fn partner_client_config(
         .dangerous()
         .with_custom_certificate_verifier(verifier);
     // ALPN is set by the connector (hyper-rustls), from the HTTP versions enabled there.
-    let config = match &tls.client_cert {
+    let mut config = match &tls.client_cert {
         Some((cert, key)) => builder
             .with_client_auth_cert(pem::load_certs(cert)?, pem::load_key(key)?)
             .context("tls.cert/tls.key: the key does not match the certificate")?,
         None => builder.with_no_client_auth(),
     };
+    if checked {
+        // A resumed session skips the certificate check: every connection is judged.
+        config.resumption = rustls::client::Resumption::disabled();
+    }
     Ok(config)
 }
 
@@ -75,6 +91,63 @@ struct PartnerVerifier {
     roots: Option<Arc<RootCertStore>>,
     expected_aic: Option<Aic>,
     aic_suffix: String,
+    revocation: Option<Revocation>,
+}
+
+/// A Partner verifier's revocation check.
+#[derive(Debug)]
+struct Revocation {
+    check: Arc<PartnerRevocation>,
+    /// The Partner's `tls.ca` certificates (where its certificate's issuer is looked for).
+    cas: Vec<CertificateDer<'static>>,
+    /// The last end entity's OCSP subject (a Partner presents the same certificate on
+    /// each connection: it is made once).
+    subject: std::sync::Mutex<Option<Made>>,
+}
+
+/// An end entity's DER and the OCSP subject made for it.
+type Made = (Vec<u8>, Option<Arc<Subject>>);
+
+impl Revocation {
+    /// The CRL and OCSP verdicts on the chain at `now`.
+    fn judge(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<(), PartnerRevoked> {
+        let Ok((_, leaf)) = x509_parser::parse_x509_certificate(end_entity) else {
+            return Ok(()); // the chain verifier parsed it; unreachable
+        };
+        let secs = now.as_secs();
+        self.check.offer(&leaf);
+        self.check
+            .crl_check(&leaf, i64::try_from(secs).unwrap_or(i64::MAX))?;
+        if !self.check.ocsp_enabled() {
+            return Ok(());
+        }
+        let subject = self.subject(end_entity, intermediates);
+        self.check.ocsp_check(subject.as_ref(), secs)
+    }
+
+    fn subject(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+    ) -> Option<Arc<Subject>> {
+        let mut held = crate::sync::lock(&self.subject);
+        if let Some((der, subject)) = &*held {
+            if der.as_slice() == end_entity.as_ref() {
+                return subject.clone();
+            }
+        }
+        let chain: Vec<CertificateDer<'_>> = std::iter::once(end_entity.clone())
+            .chain(intermediates.iter().cloned())
+            .collect();
+        let subject = self.check.subject(&chain, &self.cas);
+        *held = Some((end_entity.to_vec(), subject.clone()));
+        subject
+    }
 }
 
 impl ServerCertVerifier for PartnerVerifier {
@@ -114,6 +187,14 @@ impl ServerCertVerifier for PartnerVerifier {
                         rustls::OtherError(Arc::new(PartnerAicMismatch { expected })),
                     )))
                 }
+            }
+        }
+        if let Some(r) = &self.revocation {
+            if let Err(why) = r.judge(end_entity, intermediates, now) {
+                tracing::warn!(server = ?server_name, reason = %why, "Partner certificate refused");
+                return Err(TlsError::InvalidCertificate(CertificateError::Other(
+                    rustls::OtherError(Arc::new(why)),
+                )));
             }
         }
         Ok(ok)

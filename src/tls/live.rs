@@ -112,6 +112,14 @@ impl LiveTrust {
         self.lock().clone()
     }
 
+    /// Every CRL the current generation holds (files, then fetched), and whether one
+    /// past its `nextUpdate` refuses (not `listener.allow_expired_crl`).
+    pub(crate) fn crls(&self) -> (Vec<CertificateRevocationListDer<'static>>, bool) {
+        let fetched = self.lock().0.clone();
+        let all = self.base.file_crls.iter().chain(fetched.iter()).cloned();
+        (all.collect(), !self.base.allow_expired_crl)
+    }
+
     /// A new generation with the file CRLs and `fetched` (at `version`), swapped in.
     pub(crate) fn rebuild(
         &self,

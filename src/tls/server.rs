@@ -24,6 +24,7 @@ use super::live::LiveTrust;
 use super::pem;
 use crate::config::{ClientAuthMode, ListenerConfig};
 use crate::identity::AicRules;
+use crate::revocation::staple::Stapler;
 
 /// What the accept loop needs: the rustls config, and the trust settings every
 /// connection's verdict is judged against (after the handshake, and again whenever they
@@ -35,6 +36,8 @@ pub struct ServerTls {
     /// The chain verifier, its generation and the CRLs' expiry: the current generation
     /// (replaced when fetched CRLs change, see `tls::live`).
     pub trust: Arc<LiveTrust>,
+    /// The listener's certificate, with its OCSP staple (`revocation::staple`).
+    pub stapler: Arc<Stapler>,
     /// The handshake's own chain verification stands for the connection's first verdict
     /// (full handshakes only): `strict` mode, without fetched CRLs (with them, a new
     /// generation may come between the handshake and the verdict, so the verdict is
@@ -61,6 +64,7 @@ pub(crate) fn build(
     rules: AicRules,
     previous: Option<&ServerTls>,
     fetching: bool,
+    stapling: bool,
 ) -> anyhow::Result<ServerTls> {
     let strict = l.client_auth == ClientAuthMode::Strict;
     let rules = Arc::new(rules);
@@ -76,12 +80,19 @@ pub(crate) fn build(
     });
     let certs = pem::load_certs(&l.cert).context("listener.cert")?;
     let key = pem::load_key(&l.key).context("listener.key")?;
+    let key = rustls::sign::CertifiedKey::from_der(certs, key, &provider())
+        .context("listener.cert/listener.key: the key does not match the certificate")?;
+    let stapler = Arc::new(Stapler::new(
+        key,
+        trust.ca_certs(),
+        stapling,
+        previous.map(|p| &*p.stapler),
+    ));
     let mut config = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .context("TLS 1.3")?
         .with_client_cert_verifier(verifier)
-        .with_single_cert(certs, key)
-        .context("listener.cert/listener.key: the key does not match the certificate")?;
+        .with_cert_resolver(stapler.clone());
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     if l.tls_session_cache == 0 {
         config.send_tls13_tickets = 0;
@@ -92,6 +103,7 @@ pub(crate) fn build(
     Ok(ServerTls {
         config: Arc::new(config),
         trust,
+        stapler,
         strict: strict && !fetching,
     })
 }

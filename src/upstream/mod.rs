@@ -240,6 +240,11 @@ fn describe_tls(e: &rustls::Error) -> String {
         if let Some(m) = o.0.downcast_ref::<PartnerAicMismatch>() {
             return m.to_string();
         }
+        if let Some(r) =
+            o.0.downcast_ref::<crate::revocation::partner::PartnerRevoked>()
+        {
+            return r.to_string();
+        }
     }
     e.to_string()
 }

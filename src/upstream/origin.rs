@@ -62,6 +62,8 @@ struct Settings {
     aic_suffix: String,
     /// Pools per origin (one per worker thread with per-core workers).
     pools: usize,
+    /// Partner certificates are checked for revocation (and TLS sessions not resumed).
+    revocation: bool,
 }
 
 /// One origin's clients.
@@ -127,6 +129,8 @@ pub(crate) struct OriginsBuilder<'a> {
     previous: Option<&'a Origins>,
     /// What each set of TLS files held, read once per load however many Partners name it.
     contents: HashMap<TlsFiles, [u8; 32]>,
+    /// What `https` Partners' certificates are checked for revocation against.
+    revocation: Option<Arc<crate::revocation::partner::PartnerRevocation>>,
 }
 
 impl<'a> OriginsBuilder<'a> {
@@ -151,6 +155,7 @@ impl<'a> OriginsBuilder<'a> {
             upstream,
             aic_suffix: aic_suffix.to_owned(),
             pools,
+            revocation: false,
         };
         let budget = match previous {
             Some(p) => {
@@ -169,7 +174,25 @@ impl<'a> OriginsBuilder<'a> {
             },
             previous,
             contents: HashMap::new(),
+            revocation: None,
         }
+    }
+
+    /// Partner certificates are checked for revocation against `r` (`None`: no
+    /// revocation source is configured).
+    pub(crate) fn with_revocation(
+        mut self,
+        r: Option<Arc<crate::revocation::partner::PartnerRevocation>>,
+    ) -> OriginsBuilder<'a> {
+        self.origins.settings.revocation = r.is_some();
+        if self
+            .previous
+            .is_some_and(|p| p.settings != self.origins.settings)
+        {
+            self.previous = None;
+        }
+        self.revocation = r;
+        self
     }
 
     /// The origin of each of `p`'s upstream URLs, with the URL.
@@ -253,7 +276,7 @@ impl<'a> OriginsBuilder<'a> {
         let s = &self.origins.settings;
         let u = &s.upstream;
         let mut tls = match &p.tls {
-            Some(t) => partner_client_config(t, p.aic, &s.aic_suffix)?,
+            Some(t) => partner_client_config(t, p.aic, &s.aic_suffix, self.revocation.clone())?,
             None => super::plain_client_config()?,
         };
         let server_name = p.tls.as_ref().and_then(|t| t.server_name.clone());

@@ -21,7 +21,7 @@ use tokio::net::TcpListener;
 use crate::support::*;
 
 /// One index line: `V` (valid) or `R` (revoked) for `cert`.
-fn index_line(cert: &Issued, revoked: bool) -> String {
+pub(crate) fn index_line(cert: &Issued, revoked: bool) -> String {
     let serial = format!("{:X}", cert.serial);
     let serial = if serial.len() % 2 == 1 {
         format!("0{serial}")
@@ -36,7 +36,7 @@ fn index_line(cert: &Issued, revoked: bool) -> String {
 }
 
 /// `openssl ocsp` answering over `index.txt` in its own folder, signing with `signer`.
-struct Responder {
+pub(crate) struct Responder {
     dir: tempfile::TempDir,
     ca_pem: std::path::PathBuf,
     signer: (std::path::PathBuf, std::path::PathBuf),
@@ -46,7 +46,7 @@ struct Responder {
 
 impl Responder {
     /// Starts one on a free port (`None`: openssl missing outside CI).
-    fn start(pki: &Pki, signer: &Issued, index: &str) -> Option<Responder> {
+    pub(crate) fn start(pki: &Pki, signer: &Issued, index: &str) -> Option<Responder> {
         if !installed("openssl", &["version"]) {
             return None;
         }
@@ -66,12 +66,12 @@ impl Responder {
         Some(r)
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://127.0.0.1:{}/acps-atr-v2/ocsp", self.port)
     }
 
     /// (Re)starts the responder over `index` on the same port (the first time: any).
-    fn serve(&mut self, index: &str) {
+    pub(crate) fn serve(&mut self, index: &str) {
         self.stop();
         let idx = self.dir.path().join("index.txt");
         std::fs::write(&idx, index).unwrap();
@@ -109,7 +109,7 @@ impl Responder {
         self.child = Some(child);
     }
 
-    fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -124,7 +124,7 @@ impl Drop for Responder {
 }
 
 /// A delegated responder certificate of `ca` (`id-kp-OCSPSigning`).
-fn responder_cert(ca: &DevCa) -> Issued {
+pub(crate) fn responder_cert(ca: &DevCa) -> Issued {
     let mut spec = CertSpec::server(&["ocsp"]);
     spec.ocsp_signing = true;
     ca.issue(&spec).unwrap()
@@ -151,13 +151,33 @@ fn config(pki: &Pki, partner: &TestPartner, policy: &str) -> String {
     )
 }
 
-async fn counter(gw: &TestGateway, key: &str) -> f64 {
+/// The series `key` (`name{a="x",...}`), summed over the series of that name whose
+/// labels include all of `key`'s (the OCSP series also carry a `responder` label).
+pub(crate) async fn counter(gw: &TestGateway, key: &str) -> f64 {
     let m = parse_metrics(&gw.admin_get("/metrics").await.1);
-    m.get(key).copied().unwrap_or(0.0)
+    if let Some(v) = m.get(key) {
+        return *v;
+    }
+    let split = |k: &str| {
+        let (name, labels) = k.strip_suffix('}')?.split_once('{')?;
+        Some((
+            name.to_owned(),
+            labels.split(',').map(str::to_owned).collect::<Vec<_>>(),
+        ))
+    };
+    let Some((name, want)) = split(key) else {
+        return 0.0;
+    };
+    m.iter()
+        .filter(|(k, _)| {
+            split(k).is_some_and(|(n, labels)| n == name && want.iter().all(|w| labels.contains(w)))
+        })
+        .map(|(_, v)| v)
+        .sum()
 }
 
 /// Waits (10 s at most) until the counter `key` is above `after`.
-async fn wait_counter(gw: &TestGateway, key: &str, after: f64) {
+pub(crate) async fn wait_counter(gw: &TestGateway, key: &str, after: f64) {
     within(10, async {
         while counter(gw, key).await <= after {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
@@ -170,7 +190,7 @@ fn error_key(reason: &str) -> String {
     format!("aipgw_ocsp_errors_total{{reason=\"{reason}\"}}")
 }
 
-fn answers_key(status: &str) -> String {
+pub(crate) fn answers_key(status: &str) -> String {
     format!("aipgw_ocsp_answers_total{{status=\"{status}\"}}")
 }
 
@@ -208,10 +228,18 @@ async fn a_revoked_leader_is_cut_off_on_its_open_http2_connection() {
         (-32010, "revoked".into()),
         "a new connection too"
     );
-    assert!(counter(&gw, &answers_key("revoked")).await >= 1.0);
-    let lookups = |r: &str| format!("aipgw_ocsp_cache_lookups_total{{result=\"{r}\"}}");
-    assert!(counter(&gw, &lookups("hit")).await >= 1.0);
-    assert!(counter(&gw, &lookups("miss")).await >= 1.0);
+    // Every series names the responder.
+    let url = responder.url();
+    let m = parse_metrics(&gw.admin_get("/metrics").await.1);
+    let at = |k: &str| m.get(k).copied().unwrap_or(0.0);
+    let answers =
+        |s: &str| format!("aipgw_ocsp_answers_total{{responder=\"{url}\",status=\"{s}\"}}");
+    assert!(at(&answers("good")) >= 1.0, "{m:?}");
+    assert!(at(&answers("revoked")) >= 1.0);
+    let lookups =
+        |r: &str| format!("aipgw_ocsp_cache_lookups_total{{responder=\"{url}\",result=\"{r}\"}}");
+    assert!(at(&lookups("hit")) >= 1.0);
+    assert!(at(&lookups("miss")) >= 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

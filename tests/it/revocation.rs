@@ -20,14 +20,14 @@ use crate::support::*;
 
 /// A CRL server: serves whatever body it holds (with an ETag, and `304` to a request
 /// that names it), until stopped.
-struct CrlServer {
+pub(crate) struct CrlServer {
     addr: SocketAddr,
     body: Arc<Mutex<Bytes>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl CrlServer {
-    async fn start(body: impl Into<Bytes>) -> CrlServer {
+    pub(crate) async fn start(body: impl Into<Bytes>) -> CrlServer {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let body = Arc::new(Mutex::new(body.into()));
@@ -52,11 +52,11 @@ impl CrlServer {
         CrlServer { addr, body, task }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}/acps-atr-v2/crl/current", self.addr)
     }
 
-    fn serve(&self, body: impl Into<Bytes>) {
+    pub(crate) fn serve(&self, body: impl Into<Bytes>) {
         *self.body.lock().unwrap() = body.into();
     }
 
@@ -88,7 +88,7 @@ fn answer(req: &Request<Incoming>, body: Bytes) -> Response<Full<Bytes>> {
 
 /// A CRL of `ca` revoking `serials`, issued now (a second later than the last one, so a
 /// newer CRL is never taken for a replay), valid for a day.
-fn crl(ca: &DevCa, serials: &[u64]) -> String {
+pub(crate) fn crl(ca: &DevCa, serials: &[u64]) -> String {
     let now = OffsetDateTime::now_utc();
     ca.crl(serials, now, now + Duration::days(1)).unwrap()
 }
@@ -114,14 +114,14 @@ fn config(pki: &Pki, partner: &TestPartner, url: &str, extra: &str) -> String {
 }
 
 /// `aipgw_crl_fetches_total{source,result}` as the admin listener shows it.
-async fn fetches(gw: &TestGateway, url: &str, result: &str) -> f64 {
+pub(crate) async fn fetches(gw: &TestGateway, url: &str, result: &str) -> f64 {
     let m = parse_metrics(&gw.admin_get("/metrics").await.1);
     let key = format!("aipgw_crl_fetches_total{{source=\"{url}\",result=\"{result}\"}}");
     m.get(&key).copied().unwrap_or(0.0)
 }
 
 /// Waits (10 s at most) until `result` has been counted more than `after` times.
-async fn wait_fetches(gw: &TestGateway, url: &str, result: &str, after: f64) {
+pub(crate) async fn wait_fetches(gw: &TestGateway, url: &str, result: &str, after: f64) {
     within(10, async {
         while fetches(gw, url, result).await <= after {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
@@ -242,4 +242,85 @@ async fn an_oversized_foreign_or_missing_crl_leaves_the_last_good_one() {
         0.0
     );
     assert_eq!(fine.post(gw.addr, "/p/rpc", &b).await.unwrap().status, 200);
+}
+
+/// A Leader certificate for `aic` with `serial`, naming `urls` as its CRL Distribution
+/// Points.
+fn issue_with_cdp(pki: &Pki, aic: &str, serial: u64, urls: &[String]) -> Issued {
+    let mut spec = CertSpec::leader_v2(aic);
+    spec.serial = Some(serial);
+    spec.crl_distribution_points = urls.to_vec();
+    pki.issue(&spec)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_is_cut_off_through_its_own_certificates_distribution_point() {
+    let pki = Pki::new();
+    let partner = TestPartner::start(Behaviour::Echo).await;
+    let server = CrlServer::start(crl(&pki.ca, &[])).await;
+    let url = server.url();
+    // No crl_urls: the only source is the one the Leader's certificate names.
+    let revocation = "[revocation]\ncrl_from_presented = true\nmax_presented_crl_urls = 2\n\
+                      refresh_interval = \"200ms\"\nretry_interval = \"50ms\"\nfetch_timeout = \"2s\"\n";
+    let cfg = pki.config(
+        "",
+        &format!(
+            "{revocation}{}",
+            partner_block("p", "/p", &partner.url(), "")
+        ),
+    );
+    let gw = start_gateway(&cfg).await;
+
+    let cert = issue_with_cdp(&pki, LEADER_A, 0xCD9, std::slice::from_ref(&url));
+    let leader = Leader::new(&pki, Some(&cert), true);
+    let (mut conn, _) = leader.h2_connection(gw.addr).await;
+    let body = rpc_start("1", LEADER_A, "t");
+    assert_eq!(send_on(&mut conn, "/p/rpc", &body).await.status, 200);
+    // The distribution point is fetched in the background after the first request.
+    wait_fetches(&gw, &url, "ok", 0.0).await;
+    assert_eq!(send_on(&mut conn, "/p/rpc", &body).await.status, 200);
+
+    // The CA revokes the Leader there: its next request on the open connection is
+    // refused within the refresh bound.
+    server.serve(crl(&pki.ca, &[0xCD9]));
+    let r = refused_on(&mut conn, &body).await;
+    assert_eq!(r.status, 401, "{}", r.text());
+    assert_eq!(r.error(), (-32010, "revoked".into()));
+
+    // Another Leader names three distribution points: the one already followed, and two
+    // new ones; the bound (2) lets one in and counts the other, never fetched.
+    let second = format!("{url}?second");
+    let third = format!("{url}?third");
+    let other = issue_with_cdp(
+        &pki,
+        LEADER_B,
+        0xB0B,
+        &[url.clone(), second.clone(), third.clone()],
+    );
+    let b = Leader::new(&pki, Some(&other), true);
+    let r = b
+        .post(gw.addr, "/p/rpc", &rpc_start("2", LEADER_B, "u"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let refused = "aipgw_crl_presented_refused_total";
+    within(10, async {
+        while parse_metrics(&gw.admin_get("/metrics").await.1)
+            .get(refused)
+            .copied()
+            .unwrap_or(0.0)
+            < 1.0
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    wait_fetches(&gw, &second, "ok", 0.0).await;
+    let m = parse_metrics(&gw.admin_get("/metrics").await.1);
+    assert_eq!(m[refused], 1.0);
+    assert_eq!(m["aipgw_crl_presented_urls"], 2.0);
+    assert!(
+        !m.keys().any(|k| k.contains(&third)),
+        "the URL past the bound is never fetched"
+    );
 }

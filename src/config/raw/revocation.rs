@@ -21,6 +21,16 @@ pub struct RawRevocation {
     /// configured ones is a config error, more discovered ones are left out with a log
     /// line). Default: 16.
     pub max_crl_urls: usize,
+    /// Also fetch the CRL Distribution Points (http/https URIs) of certificates presented
+    /// to the gateway: Leaders' chains (once the chain verified) and `https` Partners'
+    /// certificates (once chain and AIC pin passed), only from a certificate whose issuer
+    /// is a trusted CA (a `listener.client_ca` or Partner `tls.ca` certificate), fetched
+    /// in the background (a handshake never waits for it). Default: false.
+    pub crl_from_presented: bool,
+    /// Distinct URLs taken from presented certificates at most (beside
+    /// `max_crl_urls`); more are not followed, counted in
+    /// `crl_presented_refused_total`. Default: 16.
+    pub max_presented_crl_urls: usize,
     /// Largest CRL body accepted, in bytes; a longer one is kept out (the last good one
     /// stays). Default: 4 MiB.
     pub max_crl_bytes: usize,
@@ -79,6 +89,15 @@ pub struct RawRevocation {
     /// counted (`ocsp_errors_total{reason="queue_full"}`) and treated as unanswered.
     /// Default: 64.
     pub ocsp_max_queries: usize,
+    /// Responders with a label of their own in the OCSP metrics (`responder` = its URL):
+    /// the first ones seen; the rest share `responder="other"`. Default: 16.
+    pub ocsp_max_responder_labels: usize,
+    /// Staple an OCSP response to the gateway's own certificate when `listener.cert`
+    /// names a responder (AIA) and its issuer is in that file or among
+    /// `listener.client_ca`: asked in the background, refreshed half-way to its
+    /// `nextUpdate` (at most `ocsp_max_age`), kept through failed queries until it ends.
+    /// Independent of `ocsp`. Default: true.
+    pub ocsp_stapling: bool,
 }
 
 impl Default for RawRevocation {
@@ -87,6 +106,8 @@ impl Default for RawRevocation {
             crl_urls: Vec::new(),
             crl_from_client_ca: false,
             max_crl_urls: 16,
+            crl_from_presented: false,
+            max_presented_crl_urls: 16,
             max_crl_bytes: 4 * 1024 * 1024,
             fetch_timeout: d10s(),
             refresh_interval: Duration::from_secs(3600),
@@ -103,6 +124,8 @@ impl Default for RawRevocation {
             ocsp_max_response_bytes: 64 * 1024,
             ocsp_retry_interval: Duration::from_secs(10),
             ocsp_max_queries: 64,
+            ocsp_max_responder_labels: 16,
+            ocsp_stapling: true,
         }
     }
 }

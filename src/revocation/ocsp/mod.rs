@@ -113,6 +113,9 @@ impl std::fmt::Debug for Ocsp {
 impl Ocsp {
     /// An empty cache following `settings`.
     pub fn new(settings: &RevocationSettings, metrics: Arc<Metrics>) -> Ocsp {
+        metrics
+            .ocsp
+            .set_max_responders(settings.ocsp.max_responder_labels);
         let (queue, receiver) = tokio::sync::mpsc::unbounded_channel();
         Ocsp {
             settings: ArcSwap::from_pointee(settings.clone()),
@@ -127,6 +130,9 @@ impl Ocsp {
 
     /// A reload's settings (the answers stay: they do not depend on the config).
     pub fn reconfigure(&self, settings: &RevocationSettings) {
+        self.metrics
+            .ocsp
+            .set_max_responders(settings.ocsp.max_responder_labels);
         self.settings.store(Arc::new(settings.clone()));
     }
 
@@ -161,17 +167,29 @@ impl Ocsp {
             // No responder to ask, or no issuer to check an answer with.
             return no_answer(policy, false);
         };
+        self.gate_subject(&subject, now)
+    }
+
+    /// The verdict for the certificate `subject` names at `now`, its query queued when no
+    /// answer stands (Leaders through [`Ocsp::gate`]; Partners at their handshake,
+    /// `revocation::partner`). `Pass` when OCSP is off.
+    pub fn gate_subject(&self, subject: &Arc<Subject>, now: u64) -> Gate {
+        let settings = self.settings.load();
+        let policy = settings.ocsp.policy;
+        if policy == OcspPolicy::Off {
+            return Gate::Pass;
+        }
         let mut map = self.lock();
         let (hit, status, querying) = match map.get_mut(&subject.key) {
             Some(e) if standing(e, now) => {
                 if now >= e.refresh_at && !e.querying {
-                    e.querying = self.enqueue(&subject);
+                    e.querying = self.enqueue(subject);
                 }
                 (true, e.status, e.querying)
             }
             Some(e) if e.querying || now < e.until => (true, None, e.querying),
             _ => {
-                let querying = self.enqueue(&subject);
+                let querying = self.enqueue(subject);
                 let entry = Entry {
                     status: None,
                     until: if querying {
@@ -187,13 +205,27 @@ impl Ocsp {
             }
         };
         drop(map);
-        self.metrics.ocsp.looked_up(hit);
+        subject
+            .lookups
+            .get_or_init(|| self.metrics.ocsp.lookups(&subject.url))
+            .looked_up(hit);
         match status {
             Some(Status::Good) => Gate::Pass,
             Some(Status::Revoked) => Gate::Refuse(CredentialError::Revoked),
             Some(Status::Unknown) => no_answer(policy, false),
             None => no_answer(policy, querying),
         }
+    }
+
+    /// The verdict for a certificate that names no responder (or whose issuer is not
+    /// known): `Pass`, but under `hard` a refusal (`revocation_status_unknown`).
+    pub fn unaskable(&self) -> Gate {
+        no_answer(self.settings.load().ocsp.policy, false)
+    }
+
+    /// Whether OCSP is asked (`soft` or `hard`).
+    pub fn enabled(&self) -> bool {
+        self.settings.load().ocsp.policy != OcspPolicy::Off
     }
 
     /// Queues a query for `subject`; false (counted) when `ocsp_max_queries` are
@@ -210,7 +242,9 @@ impl Ocsp {
             if taken {
                 self.queries.fetch_sub(1, Ordering::AcqRel);
             }
-            self.metrics.ocsp.failed(Failure::QueueFull.label());
+            self.metrics
+                .ocsp
+                .failed(&subject.url, Failure::QueueFull.label());
             return false;
         }
         true
@@ -279,7 +313,9 @@ impl Ocsp {
         let o = &settings.ocsp;
         let entry = match result {
             Ok(answer) => {
-                self.metrics.ocsp.answered(answer.status.label());
+                self.metrics
+                    .ocsp
+                    .answered(&subject.url, answer.status.label());
                 if answer.status == Status::Revoked {
                     tracing::warn!(responder = subject.url, "ocsp: certificate revoked");
                 }
@@ -296,7 +332,7 @@ impl Ocsp {
                 }
             }
             Err(failure) => {
-                self.metrics.ocsp.failed(failure.label());
+                self.metrics.ocsp.failed(&subject.url, failure.label());
                 tracing::warn!(
                     responder = subject.url,
                     reason = failure.label(),

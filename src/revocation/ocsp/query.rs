@@ -66,19 +66,29 @@ async fn ask(
     subject: &Subject,
     settings: &RevocationSettings,
 ) -> Result<Answer, Failure> {
+    ask_raw(client, subject, settings).await.map(|(a, _)| a)
+}
+
+/// One query, judged, with the response's DER (what a staple carries).
+pub(crate) async fn ask_raw(
+    client: &HttpClient<Full<Bytes>>,
+    subject: &Subject,
+    settings: &RevocationSettings,
+) -> Result<(Answer, Bytes), Failure> {
     let o = &settings.ocsp;
     let body = tokio::time::timeout(o.timeout, post(client, subject, o.max_response_bytes))
         .await
         .map_err(|_| Failure::Timeout)??;
     let secs = |d: std::time::Duration| i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
-    subject
+    let answer = subject
         .judge(
             &body,
             i64::try_from(unix_now()).unwrap_or(i64::MAX),
             secs(o.clock_skew),
             secs(o.max_age),
         )
-        .map_err(Failure::Bad)
+        .map_err(Failure::Bad)?;
+    Ok((answer, body))
 }
 
 async fn post(

@@ -1,7 +1,7 @@
 //! OCSP on the wire (RFC 6960): the request for one certificate, and the judgement of an
 //! answer. The ASN.1 is RustCrypto's (`x509-ocsp`, `der`): typed structures, not
-//! hand-written DER. Signatures are verified with x509-parser's `verify` feature (ring),
-//! which the gateway already uses to check fetched CRLs against their issuer: the same
+//! hand-written DER. Signatures are verified through `revocation::crypto` (x509-parser's
+//! `verify` feature), which also checks fetched CRLs against their issuer: the same
 //! code checks every signature the revocation sources carry, and no second crypto stack
 //! comes in (rustls' WebPKI verifies chains, but exposes no check of a signature over
 //! arbitrary data by a certificate's key).
@@ -23,6 +23,8 @@ use x509_ocsp::{
 };
 use x509_parser::prelude::{FromDer, X509Certificate};
 
+use crate::revocation::crypto;
+
 /// `id-sha1`: the CertID hash every responder understands (RFC 6960 4.1.1, RFC 5019).
 const SHA1: der::oid::ObjectIdentifier = der::oid::ObjectIdentifier::new_unwrap("1.3.14.3.2.26");
 /// `id-pkix-ocsp-basic`.
@@ -41,6 +43,8 @@ pub struct Subject {
     pub request: Vec<u8>,
     cert_id: CertId,
     issuer: CertificateDer<'static>,
+    /// Its responder's lookup counters, resolved at its first lookup.
+    pub(crate) lookups: std::sync::OnceLock<crate::metrics::revocation::ResponderLookups>,
 }
 
 /// A certificate's status as the responder gave it.
@@ -111,12 +115,6 @@ impl Bad {
     }
 }
 
-fn sha1(bytes: &[u8]) -> Vec<u8> {
-    ring::digest::digest(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY, bytes)
-        .as_ref()
-        .to_vec()
-}
-
 /// The http(s) OCSP responder URLs a certificate's AIA names.
 pub fn responders(cert: &X509Certificate<'_>) -> Vec<String> {
     use x509_parser::extensions::{GeneralName, ParsedExtension};
@@ -162,7 +160,7 @@ impl Subject {
             .find(|c| {
                 X509Certificate::from_der(c).is_ok_and(|(_, ca)| {
                     ca.subject().as_raw() == leaf.issuer().as_raw()
-                        && leaf.verify_signature(Some(ca.public_key())).is_ok()
+                        && crypto::cert_signed_by(&leaf, ca.public_key())
                 })
             })?;
         let (_, ca) = X509Certificate::from_der(&issuer).ok()?;
@@ -171,9 +169,11 @@ impl Subject {
                 oid: SHA1,
                 parameters: Some(Any::from(Null)),
             },
-            issuer_name_hash: OctetString::new(sha1(ca.subject().as_raw())).ok()?,
-            issuer_key_hash: OctetString::new(sha1(&ca.public_key().subject_public_key.data))
-                .ok()?,
+            issuer_name_hash: OctetString::new(crypto::sha1(ca.subject().as_raw())).ok()?,
+            issuer_key_hash: OctetString::new(crypto::sha1(
+                &ca.public_key().subject_public_key.data,
+            ))
+            .ok()?,
             serial_number: SerialNumber::new(leaf.raw_serial()).ok()?,
         };
         let request = OcspRequest {
@@ -190,23 +190,18 @@ impl Subject {
         }
         .to_der()
         .ok()?;
-        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-        for part in [
+        let key = crypto::sha256_parts(&[
             cert_id.issuer_name_hash.as_bytes(),
             cert_id.issuer_key_hash.as_bytes(),
             cert_id.serial_number.as_bytes(),
-        ] {
-            ctx.update(&(part.len() as u64).to_be_bytes());
-            ctx.update(part);
-        }
-        let mut key = [0u8; 32];
-        key.copy_from_slice(ctx.finish().as_ref());
+        ]);
         Some(Subject {
             key,
             url,
             request,
             cert_id,
             issuer,
+            lookups: std::sync::OnceLock::new(),
         })
     }
 
@@ -271,7 +266,7 @@ impl Subject {
             basic.signature.raw_bytes(),
         );
         let verifies = |spki: &x509_parser::x509::SubjectPublicKeyInfo<'_>| {
-            x509_parser::verify::verify_signature(spki, &alg, &sig, &tbs).is_ok()
+            crypto::verifies(spki, &alg, &sig, &tbs)
         };
         let (_, issuer) = X509Certificate::from_der(&self.issuer).map_err(|_| Bad::Malformed)?;
         if verifies(issuer.public_key()) {
@@ -287,9 +282,7 @@ impl Subject {
                 continue;
             }
             let validity = responder.validity();
-            let delegated = responder
-                .verify_signature(Some(issuer.public_key()))
-                .is_ok()
+            let delegated = crypto::cert_signed_by(&responder, issuer.public_key())
                 && responder.issuer().as_raw() == issuer.subject().as_raw()
                 && responder
                     .extended_key_usage()
