@@ -9,6 +9,7 @@
 //! Every call site runs its commands on a [`Conn`] and never knows which.
 
 use std::path::PathBuf;
+use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,6 +32,9 @@ pub(crate) enum Conn {
     Cluster(ClusterConnection),
     /// One connection of its own to a single server (a follower's blocking reads).
     Plain(MultiplexedConnection),
+    /// Another, recording the slot of the keys (of `key_prefix`) sent through it (see
+    /// `slots::record_slot`).
+    Traced(Box<Conn>, String, Arc<AtomicU32>),
 }
 
 impl ConnectionLike for Conn {
@@ -39,6 +43,10 @@ impl ConnectionLike for Conn {
             Conn::Managed(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
             Conn::Plain(c) => c.req_packed_command(cmd),
+            Conn::Traced(c, prefix, slot) => {
+                super::slots::record_slot(cmd, prefix, slot);
+                c.req_packed_command(cmd)
+            }
         }
     }
 
@@ -52,6 +60,12 @@ impl ConnectionLike for Conn {
             Conn::Managed(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Plain(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Traced(c, prefix, slot) => {
+                if let Some(cmd) = pipeline.cmd_iter().next() {
+                    super::slots::record_slot(cmd, prefix, slot);
+                }
+                c.req_packed_commands(pipeline, offset, count)
+            }
         }
     }
 
@@ -60,6 +74,7 @@ impl ConnectionLike for Conn {
             Conn::Managed(c) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
             Conn::Plain(c) => c.get_db(),
+            Conn::Traced(c, ..) => c.get_db(),
         }
     }
 }
@@ -125,6 +140,16 @@ impl Link {
         });
         if !server_said {
             lock(&self.conn).take();
+        }
+    }
+
+    /// `host:port` of the one master (`single`: `redis_url`'s; `sentinel`: the one the
+    /// Sentinels named last); `None` for a Redis Cluster, or before a Sentinel answered.
+    pub(crate) fn master_addr(&self) -> Option<String> {
+        match &self.store {
+            Store::Single(c) => Some(c.get_connection_info().addr().to_string()),
+            Store::Sentinel(_) => lock(&self.master).clone(),
+            Store::Cluster(_) => None,
         }
     }
 
@@ -246,6 +271,18 @@ fn tls_files(s: &ClusterSettings) -> anyhow::Result<Option<redis::TlsCertificate
         client_tls,
         root_cert,
     }))
+}
+
+/// A client for one node of the store (`info`: `redis_url`'s, another address), with the
+/// TLS files.
+pub(crate) fn client_for(
+    s: &ClusterSettings,
+    info: redis::ConnectionInfo,
+) -> anyhow::Result<redis::Client> {
+    Ok(match tls_files(s)? {
+        None => redis::Client::open(info)?,
+        Some(certs) => redis::Client::build_with_tls(info, certs)?,
+    })
 }
 
 fn client(s: &ClusterSettings, url: &str) -> anyhow::Result<redis::Client> {
