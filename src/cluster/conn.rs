@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
+use futures_util::FutureExt;
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
@@ -86,11 +87,17 @@ enum Store {
     Sentinel(tokio::sync::Mutex<redis::sentinel::SentinelClient>),
 }
 
+/// A connection being made, awaited by every caller that wants one meanwhile.
+type Making =
+    futures_util::future::Shared<futures_util::future::BoxFuture<'static, RedisResult<Conn>>>;
+
 /// The store and this instance's current connection to it.
 pub(crate) struct Link {
     store: Store,
     settings: ClusterSettings,
     conn: Mutex<Option<Conn>>,
+    /// The connection being made, if one is.
+    making: Mutex<Option<Making>>,
     /// The master the Sentinels named last (for messages).
     master: Mutex<Option<String>>,
 }
@@ -107,26 +114,47 @@ impl Link {
             store,
             settings: settings.clone(),
             conn: Mutex::new(None),
+            making: Mutex::new(None),
             master: Mutex::new(None),
         })
     }
 
     /// The current connection, made if there is none (a Sentinel asked which master).
     /// The connection is made on a task of its own, so a caller's timeout does not cancel
-    /// it halfway: the next caller finds it made.
+    /// it halfway: the next caller finds it made. One is made at a time: callers meanwhile
+    /// wait for that one (a Redis Cluster connection discovers the slots and connects to
+    /// every master; a dozen made at once after a failover took seconds to all be made).
     pub(crate) async fn get(self: &Arc<Self>) -> RedisResult<Conn> {
         if let Some(c) = lock(&self.conn).clone() {
             return Ok(c);
         }
-        let me = self.clone();
-        let made = tokio::spawn(async move {
-            let c = me.connect().await?;
-            let mut slot = lock(&me.conn);
-            Ok::<_, redis::RedisError>(slot.get_or_insert(c).clone())
-        });
-        made.await.map_err(|e| {
-            redis::RedisError::from(std::io::Error::other(format!("connecting: {e}")))
-        })?
+        let making = {
+            let mut making = lock(&self.making);
+            match &*making {
+                Some(m) => m.clone(),
+                None => {
+                    let me = self.clone();
+                    let task = tokio::spawn(async move {
+                        let made = me.connect().await;
+                        let mut conn = lock(&me.conn);
+                        lock(&me.making).take();
+                        Ok::<_, redis::RedisError>(conn.get_or_insert(made?).clone())
+                    });
+                    let m = async move {
+                        task.await.unwrap_or_else(|e| {
+                            Err(redis::RedisError::from(std::io::Error::other(format!(
+                                "connecting: {e}"
+                            ))))
+                        })
+                    }
+                    .boxed()
+                    .shared();
+                    *making = Some(m.clone());
+                    m
+                }
+            }
+        };
+        making.await
     }
 
     /// Drops the connection after `e`, where the topology follows a failover that way
@@ -141,6 +169,12 @@ impl Link {
         if !server_said {
             lock(&self.conn).take();
         }
+    }
+
+    /// Drops the current connection: the next command makes a new one (on a Redis Cluster,
+    /// with the slots discovered anew, when the probe saw the masters change).
+    pub(crate) fn reset(&self) {
+        lock(&self.conn).take();
     }
 
     /// `host:port` of the one master (`single`: `redis_url`'s; `sentinel`: the one the

@@ -14,6 +14,7 @@
 //! `single` and `sentinel` have one node, up while the last command succeeded.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -40,6 +41,10 @@ pub(crate) struct NodeState {
 #[derive(Default)]
 pub(crate) struct Nodes {
     view: Mutex<View>,
+    /// How many times the masters changed after the first probe (a failover, slots moved):
+    /// the task owners this instance knows are written back then (`tasks`), as writes
+    /// the old master had not yet replicated are gone.
+    changes: AtomicU64,
 }
 
 #[derive(Default)]
@@ -55,6 +60,11 @@ struct View {
 }
 
 impl Nodes {
+    /// How many times the masters (or which slots each serves) changed since start.
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
     /// The node a failed command went to: the master holding `slot` (a Redis Cluster),
     /// else the one master.
     fn node_of(&self, slot: u32) -> Option<String> {
@@ -135,6 +145,28 @@ impl Cluster {
                 on_error = ?self.settings.on_error,
                 "{what}: on_error applies to the keys these nodes hold (logged at most once per {every:?})"
             );
+        }
+        let masters = |n: &[NodeState]| -> Vec<(String, Vec<(u16, u16)>)> {
+            n.iter()
+                .map(|n| (n.addr.clone(), n.slots.clone()))
+                .collect()
+        };
+        if !view.nodes.is_empty() && !nodes.is_empty() && masters(&view.nodes) != masters(&nodes) {
+            tracing::warn!(
+                before = ?masters(&view.nodes),
+                now = ?masters(&nodes),
+                "the shared store's masters changed: task owners known here are written back"
+            );
+            self.nodes.changes.fetch_add(1, Ordering::AcqRel);
+            // A Redis Cluster connection would find the new master only after its own
+            // commands failed on the old one (seen to take up to half a second more); one
+            // made now starts from the new slot map.
+            if self.settings.topology == Topology::Cluster {
+                self.link.reset();
+                // Made now, so the next sync finds it made.
+                let link = self.link.clone();
+                tokio::spawn(async move { link.get().await.map(|_| ()) });
+            }
         }
         view.nodes = nodes;
         view.probed = true;

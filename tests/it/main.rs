@@ -5,6 +5,7 @@ mod auth;
 mod body_rules;
 mod claims;
 mod cluster;
+mod cluster_failover;
 mod cluster_replay;
 mod cluster_topology;
 mod conn_slots;

@@ -393,17 +393,24 @@ async fn renew(cluster: &Arc<Cluster>) {
             };
             cmds.push((k.events.as_str(), cmd));
         }
-        let Ok(results) = send(cluster, "replay_lease", cmds.into_iter()).await else {
+        // A server without the scripts (restarted, or a replica promoted: scripts are not
+        // replicated) has them loaded and the renewals sent again at once: waiting for the
+        // next tick let a lease last renewed before a failover expire.
+        let mut answered = None;
+        for _ in 0..2 {
+            let Ok(results) = send(cluster, "replay_lease", cmds.iter().cloned()).await else {
+                break;
+            };
+            if results.iter().any(|r| matches!(r, Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript))) {
+                let _ = load_scripts(cluster).await;
+                continue;
+            }
+            answered = Some(results);
+            break;
+        }
+        let Some(results) = answered else {
             continue;
         };
-        if results
-            .iter()
-            .any(|r| matches!(r, Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)))
-        {
-            // Loaded now; renewed at the next tick, well within the lease.
-            let _ = load_scripts(cluster).await;
-            continue;
-        }
         let mut live = lock(&cluster.mirror.live);
         for ((id, s), r) in chunk.iter().zip(results) {
             match (s.broken.load(Ordering::Acquire), r) {
