@@ -22,7 +22,9 @@ redis.call('PEXPIRE', KEYS[2], ARGV[5])
 return 1
 "#;
 
-/// `KEYS` events, meta, recorder; `ARGV` entries kept, live TTL ms, finished TTL ms,
+/// `KEYS` events, meta, recorder; `ARGV` events kept (the end entry of a finished copy
+/// does not count: the copy holds what the recording instance's buffer holds), live TTL
+/// ms, finished TTL ms,
 /// then per entry: id, kind (`d` event, `e` end), data (event bytes or end reason), id
 /// range (`start:len`), after the recorder token (`ARGV[4]`). All of one stream's entries
 /// of a write batch in one call. 1 written; -1 the copy is gone (Redis lost it); -2 it is
@@ -45,7 +47,9 @@ for i = 5, #ARGV, 4 do
     ttl = ARGV[3]
   end
 end
-local over = redis.call('XLEN', KEYS[1]) - tonumber(ARGV[1])
+local keep = tonumber(ARGV[1])
+if redis.call('HEXISTS', KEYS[2], 'end') == 1 then keep = keep + 1 end
+local over = redis.call('XLEN', KEYS[1]) - keep
 if over > 0 then
   local gone = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', over)
   local last = gone[#gone][1]
