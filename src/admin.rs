@@ -38,8 +38,7 @@ pub fn respond(req: &Request<Incoming>, gateway: &Gateway) -> Response<Full<Byte
     }
     match req.uri().path() {
         "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n"),
-        "/readyz" if gateway.is_ready() => reply(StatusCode::OK, "text/plain", "ready\n"),
-        "/readyz" => reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready\n"),
+        "/readyz" => readyz(gateway),
         "/metrics" => {
             let snap = gateway.snapshot();
             let text = snap.metrics.render(
@@ -56,6 +55,27 @@ pub fn respond(req: &Request<Incoming>, gateway: &Gateway) -> Response<Full<Byte
             )
         }
         _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
+    }
+}
+
+/// `/readyz`: 200 `ready` while the listener accepts and the config is loaded, else 503
+/// `not ready`; in cluster mode, then the shared store and its nodes, and 503 under
+/// `on_error = "closed"` while no node of the store answers (see
+/// [`crate::cluster::Cluster::readiness`]).
+fn readyz(gateway: &Gateway) -> Response<Full<Bytes>> {
+    let (store_ready, detail) = gateway
+        .snapshot()
+        .cluster
+        .as_ref()
+        .map_or((true, String::new()), |c| c.readiness());
+    if gateway.is_ready() && store_ready {
+        reply(StatusCode::OK, "text/plain", format!("ready\n{detail}"))
+    } else {
+        reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            format!("not ready\n{detail}"),
+        )
     }
 }
 

@@ -58,6 +58,7 @@ impl Background {
         let mut writer = None;
         if let Some(c) = snap.cluster.clone() {
             loops.spawn(crate::cluster::streams::renew_loop(c.clone()));
+            loops.spawn(crate::cluster::nodes::probe_loop(c.clone()));
             loops.spawn(crate::cluster::tasks::republish_loop(
                 c.clone(),
                 snap.tasks.clone(),

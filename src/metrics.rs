@@ -44,6 +44,22 @@ pub struct OpLabels {
     pub op: &'static str,
 }
 
+/// A node of the shared store (`host:port`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabels {
+    /// The node.
+    pub node: String,
+}
+
+/// A Redis operation on a node of the shared store.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeOpLabels {
+    /// What was asked of Redis.
+    pub op: &'static str,
+    /// The node it went to (`host:port`).
+    pub node: String,
+}
+
 /// Which worker thread (`runtime.scheduler = "per_core"`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct WorkerLabels {
@@ -196,6 +212,11 @@ pub struct Metrics {
     pub cluster_redis_up: Gauge,
     /// Redis commands that failed or timed out, by operation.
     pub redis_errors: Family<OpLabels, Counter>,
+    /// Redis commands that failed or timed out, by operation and by the node they went
+    /// to (the store's current masters).
+    pub redis_node_errors: Family<NodeOpLabels, Counter>,
+    /// 1 while a node of the shared store answers, by node (the current masters).
+    pub redis_node_up: Family<NodeLabels, Gauge>,
     /// Time of each quota sync with Redis.
     pub ratelimit_sync_seconds: Histogram,
     /// Events and stream changes waiting to be written to Redis (cluster replay).
@@ -402,6 +423,16 @@ fn register_cluster(r: &mut Registry, m: &Metrics) {
         m.redis_errors.clone(),
     );
     r.register(
+        "redis_node_errors",
+        "Redis commands that failed or timed out, by operation and node",
+        m.redis_node_errors.clone(),
+    );
+    r.register(
+        "redis_node_up",
+        "1 while a node of the shared store answers, by node",
+        m.redis_node_up.clone(),
+    );
+    r.register(
         "ratelimit_sync_seconds",
         "Time of each quota sync with Redis",
         m.ratelimit_sync_seconds.clone(),
@@ -450,6 +481,8 @@ impl Metrics {
             cert_expiry: Family::default(),
             cluster_redis_up: Gauge::default(),
             redis_errors: Family::default(),
+            redis_node_errors: Family::default(),
+            redis_node_up: Family::default(),
             ratelimit_sync_seconds: latency(),
             replay_write_queue_depth: Gauge::default(),
             replay_gaps: Family::default(),

@@ -9,10 +9,12 @@
 //! Every call site runs its commands on a [`Conn`] and never knows which.
 
 use std::path::PathBuf;
+use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
+use futures_util::FutureExt;
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
@@ -31,6 +33,9 @@ pub(crate) enum Conn {
     Cluster(ClusterConnection),
     /// One connection of its own to a single server (a follower's blocking reads).
     Plain(MultiplexedConnection),
+    /// Another, recording the slot of the keys (of `key_prefix`) sent through it (see
+    /// `slots::record_slot`).
+    Traced(Box<Conn>, String, Arc<AtomicU32>),
 }
 
 impl ConnectionLike for Conn {
@@ -39,6 +44,10 @@ impl ConnectionLike for Conn {
             Conn::Managed(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
             Conn::Plain(c) => c.req_packed_command(cmd),
+            Conn::Traced(c, prefix, slot) => {
+                super::slots::record_slot(cmd, prefix, slot);
+                c.req_packed_command(cmd)
+            }
         }
     }
 
@@ -52,6 +61,12 @@ impl ConnectionLike for Conn {
             Conn::Managed(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Plain(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Traced(c, prefix, slot) => {
+                if let Some(cmd) = pipeline.cmd_iter().next() {
+                    super::slots::record_slot(cmd, prefix, slot);
+                }
+                c.req_packed_commands(pipeline, offset, count)
+            }
         }
     }
 
@@ -60,6 +75,7 @@ impl ConnectionLike for Conn {
             Conn::Managed(c) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
             Conn::Plain(c) => c.get_db(),
+            Conn::Traced(c, ..) => c.get_db(),
         }
     }
 }
@@ -71,11 +87,17 @@ enum Store {
     Sentinel(tokio::sync::Mutex<redis::sentinel::SentinelClient>),
 }
 
+/// A connection being made, awaited by every caller that wants one meanwhile.
+type Making =
+    futures_util::future::Shared<futures_util::future::BoxFuture<'static, RedisResult<Conn>>>;
+
 /// The store and this instance's current connection to it.
 pub(crate) struct Link {
     store: Store,
     settings: ClusterSettings,
     conn: Mutex<Option<Conn>>,
+    /// The connection being made, if one is.
+    making: Mutex<Option<Making>>,
     /// The master the Sentinels named last (for messages).
     master: Mutex<Option<String>>,
 }
@@ -92,26 +114,47 @@ impl Link {
             store,
             settings: settings.clone(),
             conn: Mutex::new(None),
+            making: Mutex::new(None),
             master: Mutex::new(None),
         })
     }
 
     /// The current connection, made if there is none (a Sentinel asked which master).
     /// The connection is made on a task of its own, so a caller's timeout does not cancel
-    /// it halfway: the next caller finds it made.
+    /// it halfway: the next caller finds it made. One is made at a time: callers meanwhile
+    /// wait for that one (a Redis Cluster connection discovers the slots and connects to
+    /// every master; a dozen made at once after a failover took seconds to all be made).
     pub(crate) async fn get(self: &Arc<Self>) -> RedisResult<Conn> {
         if let Some(c) = lock(&self.conn).clone() {
             return Ok(c);
         }
-        let me = self.clone();
-        let made = tokio::spawn(async move {
-            let c = me.connect().await?;
-            let mut slot = lock(&me.conn);
-            Ok::<_, redis::RedisError>(slot.get_or_insert(c).clone())
-        });
-        made.await.map_err(|e| {
-            redis::RedisError::from(std::io::Error::other(format!("connecting: {e}")))
-        })?
+        let making = {
+            let mut making = lock(&self.making);
+            match &*making {
+                Some(m) => m.clone(),
+                None => {
+                    let me = self.clone();
+                    let task = tokio::spawn(async move {
+                        let made = me.connect().await;
+                        let mut conn = lock(&me.conn);
+                        lock(&me.making).take();
+                        Ok::<_, redis::RedisError>(conn.get_or_insert(made?).clone())
+                    });
+                    let m = async move {
+                        task.await.unwrap_or_else(|e| {
+                            Err(redis::RedisError::from(std::io::Error::other(format!(
+                                "connecting: {e}"
+                            ))))
+                        })
+                    }
+                    .boxed()
+                    .shared();
+                    *making = Some(m.clone());
+                    m
+                }
+            }
+        };
+        making.await
     }
 
     /// Drops the connection after `e`, where the topology follows a failover that way
@@ -125,6 +168,22 @@ impl Link {
         });
         if !server_said {
             lock(&self.conn).take();
+        }
+    }
+
+    /// Drops the current connection: the next command makes a new one (on a Redis Cluster,
+    /// with the slots discovered anew, when the probe saw the masters change).
+    pub(crate) fn reset(&self) {
+        lock(&self.conn).take();
+    }
+
+    /// `host:port` of the one master (`single`: `redis_url`'s; `sentinel`: the one the
+    /// Sentinels named last); `None` for a Redis Cluster, or before a Sentinel answered.
+    pub(crate) fn master_addr(&self) -> Option<String> {
+        match &self.store {
+            Store::Single(c) => Some(c.get_connection_info().addr().to_string()),
+            Store::Sentinel(_) => lock(&self.master).clone(),
+            Store::Cluster(_) => None,
         }
     }
 
@@ -246,6 +305,18 @@ fn tls_files(s: &ClusterSettings) -> anyhow::Result<Option<redis::TlsCertificate
         client_tls,
         root_cert,
     }))
+}
+
+/// A client for one node of the store (`info`: `redis_url`'s, another address), with the
+/// TLS files.
+pub(crate) fn client_for(
+    s: &ClusterSettings,
+    info: redis::ConnectionInfo,
+) -> anyhow::Result<redis::Client> {
+    Ok(match tls_files(s)? {
+        None => redis::Client::open(info)?,
+        Some(certs) => redis::Client::build_with_tls(info, certs)?,
+    })
 }
 
 fn client(s: &ClusterSettings, url: &str) -> anyhow::Result<redis::Client> {

@@ -21,16 +21,18 @@
 //! timeout and nothing answers 5xx because of Redis.
 
 mod conn;
+pub(crate) mod nodes;
 pub(crate) mod ratelimit;
 pub(crate) mod replay;
 pub(crate) mod restream;
+mod slots;
 pub(crate) mod streams;
 pub(crate) mod tasks;
 pub mod topology;
 
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -107,6 +109,8 @@ pub struct ClusterSettings {
     pub connect_timeout: Duration,
     /// What quotas do while Redis cannot be reached.
     pub on_error: OnClusterError,
+    /// The warning naming the nodes out of reach is logged at most once per this.
+    pub unreachable_warn_interval: Duration,
     /// How often shared quota spending is exchanged with Redis.
     pub sync_interval: Duration,
     /// Quota keys sent in one script call at most (a sync with more is split).
@@ -195,6 +199,8 @@ pub struct Cluster {
     /// When a misfit server was last asked again, and what it was found to be.
     misfit: Mutex<Option<(Instant, String)>>,
     metrics: Arc<Metrics>,
+    /// The store's nodes as last probed (`nodes::probe_loop`).
+    nodes: nodes::Nodes,
     leases: streams::Leases,
     mirror: replay::Mirror,
     /// Leaders followed from Redis at once (`cluster.replay.max_remote_followers`).
@@ -233,6 +239,7 @@ impl Cluster {
             fit: AtomicU8::new(UNKNOWN),
             misfit: Mutex::new(None),
             metrics,
+            nodes: nodes::Nodes::default(),
             leases: streams::Leases::default(),
             mirror: replay::Mirror::new(settings.replay.queue_events),
             remote_followers: Arc::new(tokio::sync::Semaphore::new(
@@ -309,9 +316,21 @@ impl Cluster {
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = Result<T, redis::RedisError>>,
     {
+        // On a Redis Cluster the slot of the keys the call sends, to name the node in
+        // `aipgw_redis_node_errors_total`.
+        let slot = Arc::new(AtomicU32::new(slots::NO_SLOT));
         let run = async {
             let mut conn = self.link.get().await?;
             self.verify(&mut conn).await?;
+            let conn = if self.per_slot() {
+                Conn::Traced(
+                    Box::new(conn),
+                    self.settings.key_prefix.clone(),
+                    slot.clone(),
+                )
+            } else {
+                conn
+            };
             Ok::<T, ClusterError>(f(conn).await?)
         };
         let result = match tokio::time::timeout(timeout, run).await {
@@ -323,6 +342,7 @@ impl Cluster {
             Err(e) => {
                 tracing::debug!(op, error = %e, "redis command failed");
                 self.count_error(op);
+                self.count_node_error(op, slot.load(Ordering::Relaxed));
                 // A script error is Redis answering: it is up, the call failed.
                 let answered = matches!(e, ClusterError::Redis(r) if r.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError));
                 self.set_up(answered);

@@ -187,7 +187,9 @@ pub(crate) async fn settle(
 
 /// Checks this instance's marker every `cluster.ratelimit.sync_interval`; when Redis no
 /// longer has it (restarted empty, flushed, or out of reach for longer than the marker
-/// lives), writes back every owner in `owners` whose task Redis has no claim for.
+/// lives), or when the store's masters changed (a failover: the new master lacks what the
+/// old one had not replicated yet; seen by `nodes::probe_loop`), writes back every owner
+/// in `owners` whose task Redis has no claim for.
 pub(crate) async fn republish_loop(cluster: Arc<Cluster>, owners: Arc<dyn TaskOwners>) {
     let every = cluster
         .settings
@@ -198,8 +200,17 @@ pub(crate) async fn republish_loop(cluster: Arc<Cluster>, owners: Arc<dyn TaskOw
     let marker = cluster.key(&format!("instance:{}", cluster.holder("tasks")), "marker");
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut changes = cluster.nodes.changes();
     loop {
         tick.tick().await;
+        let now = cluster.nodes.changes();
+        if now != changes {
+            // Tried again at the next tick while some owner could not be written.
+            if republish(&cluster, owners.entries(), "the store's masters changed").await == 0 {
+                changes = now;
+            }
+            continue;
+        }
         let key = marker.clone();
         let had = cluster
             .call("task_marker", |mut c| async move {
@@ -211,14 +222,24 @@ pub(crate) async fn republish_loop(cluster: Arc<Cluster>, owners: Arc<dyn TaskOw
             })
             .await;
         if matches!(had, Ok(0)) {
-            republish(&cluster, owners.entries()).await;
+            let _ = republish(
+                &cluster,
+                owners.entries(),
+                "redis had lost this instance's marker",
+            )
+            .await;
         }
     }
 }
 
 /// Writes `entries` back where Redis has no claim (`SET NX`, each with its time left);
-/// logs how many were written and how many found a claim there already.
-async fn republish(cluster: &Arc<Cluster>, entries: Vec<crate::policy::tasks::OwnerEntry>) {
+/// logs how many were written and how many found a claim there already; how many could
+/// not be written.
+async fn republish(
+    cluster: &Arc<Cluster>,
+    entries: Vec<crate::policy::tasks::OwnerEntry>,
+    why: &'static str,
+) -> usize {
     let (mut written, mut taken, mut failed) = (0usize, 0usize, 0usize);
     for batch in entries.chunks(REPUBLISH_BATCH) {
         let set = |e: &crate::policy::tasks::OwnerEntry| {
@@ -268,7 +289,8 @@ async fn republish(cluster: &Arc<Cluster>, entries: Vec<crate::policy::tasks::Ow
             written,
             already_present = taken,
             failed,
-            "redis had lost this instance's marker: task owners written back"
+            "{why}: task owners written back"
         );
     }
+    failed
 }

@@ -443,6 +443,10 @@ impl TryFrom<&raw::RawCluster> for crate::cluster::ClusterSettings {
         positive("cluster.command_timeout", c.command_timeout)?;
         positive("cluster.connect_timeout", c.connect_timeout)?;
         positive("cluster.stream_lease_ttl", c.stream_lease_ttl)?;
+        positive(
+            "cluster.unreachable_warn_interval",
+            c.unreachable_warn_interval,
+        )?;
         positive("cluster.ratelimit.sync_interval", c.ratelimit.sync_interval)?;
         at_least_one(
             "cluster.ratelimit.max_keys_per_call",
@@ -496,6 +500,7 @@ impl TryFrom<&raw::RawCluster> for crate::cluster::ClusterSettings {
             command_timeout: c.command_timeout,
             connect_timeout: c.connect_timeout,
             on_error: c.on_error,
+            unreachable_warn_interval: c.unreachable_warn_interval,
             sync_interval: c.ratelimit.sync_interval,
             max_keys_per_call: c.ratelimit.max_keys_per_call,
             stream_lease_ttl: c.stream_lease_ttl,

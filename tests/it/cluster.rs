@@ -171,6 +171,9 @@ pub trait Store {
     fn cmd(&self, args: &[&str]) -> redis::Value;
     /// The key Redis holds a quota's state under (`rest`: `aic:<AIC>`, ...), found.
     fn quota_key(&self, rest: &str) -> Option<String>;
+    /// Every server holding data restarted without it (a cluster's nodes keep their
+    /// slots); returns once it serves again.
+    fn restart_empty(&mut self);
 }
 
 impl Store for RedisServer {
@@ -183,6 +186,9 @@ impl Store for RedisServer {
     fn quota_key(&self, rest: &str) -> Option<String> {
         let key = format!("aipgw:{{aipgw:rl}}:{rest}");
         (self.cmd(&["EXISTS", &key]) == redis::Value::Int(1)).then_some(key)
+    }
+    fn restart_empty(&mut self) {
+        self.restart();
     }
 }
 
@@ -201,6 +207,9 @@ impl Store for RedisCluster {
                 redis::from_redis_value(n.cmd(&["KEYS", &pattern]).ok()?).ok()?;
             keys.into_iter().next()
         })
+    }
+    fn restart_empty(&mut self) {
+        RedisCluster::restart_empty(self);
     }
 }
 
@@ -810,20 +819,23 @@ async fn open_streams_per_aic_are_counted_across_instances_on(redis: &impl Store
 /// admitted a second stream until the first ended).
 #[tokio::test]
 async fn stream_leases_come_back_after_redis_restarts_empty() {
-    let Some(mut redis) = RedisServer::start() else {
-        return;
-    };
-    let t = Leases::start(&redis, "900ms", 1).await;
+    if let Some(mut redis) = RedisServer::start() {
+        stream_leases_come_back_after_redis_restarts_empty_on(&mut redis).await;
+    }
+}
+
+pub async fn stream_leases_come_back_after_redis_restarts_empty_on(redis: &mut impl Store) {
+    let t = Leases::start(redis, "900ms", 1).await;
     let first = t.open(t.a.addr, "first").await;
     assert_eq!(first.status, 200);
     let _feed = t.partner.feed("first").await;
-    assert_eq!(t.held(&redis), redis::Value::Int(1));
+    assert_eq!(t.held(redis), redis::Value::Int(1));
 
-    redis.restart();
-    assert_eq!(t.held(&redis), redis::Value::Int(0));
+    redis.restart_empty();
+    assert_eq!(t.held(redis), redis::Value::Int(0));
     // Renewals every 300 ms; the instances reconnect on their own.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while t.held(&redis) != redis::Value::Int(1) {
+    while t.held(redis) != redis::Value::Int(1) {
         assert!(
             Instant::now() < deadline,
             "the open stream's lease was not taken again after Redis restarted empty"
@@ -840,12 +852,15 @@ async fn stream_leases_come_back_after_redis_restarts_empty() {
 /// LEADER_A's task once Redis came back empty.
 #[tokio::test]
 async fn task_owners_come_back_after_redis_restarts_empty() {
-    let Some(mut redis) = RedisServer::start() else {
-        return;
-    };
+    if let Some(mut redis) = RedisServer::start() {
+        task_owners_come_back_after_redis_restarts_empty_on(&mut redis).await;
+    }
+}
+
+pub async fn task_owners_come_back_after_redis_restarts_empty_on(redis: &mut impl Store) {
     let pki = Pki::new();
     let partner = TestPartner::start(Behaviour::Echo).await;
-    let (a, b) = pair(&pki, &redis, FAST, "", &partner.url()).await;
+    let (a, b) = pair(&pki, redis, FAST, "", &partner.url()).await;
     let (la, lb) = (pki.leader(LEADER_A, false), pki.leader(LEADER_B, false));
     let r = la
         .post(a.addr, "/p/rpc", &rpc_start("1", LEADER_A, "t1"))
@@ -856,7 +871,7 @@ async fn task_owners_come_back_after_redis_restarts_empty() {
     let owner = redis::Value::BulkString(LEADER_A.as_bytes().to_vec());
     assert_eq!(redis.cmd(&["GET", key]), owner);
 
-    redis.restart();
+    redis.restart_empty();
     assert_eq!(redis.cmd(&["GET", key]), redis::Value::Nil);
     // Markers are checked every sync interval (100 ms here); the instances reconnect on
     // their own.

@@ -230,6 +230,53 @@ async fn a_restream_from_an_evicted_seq_goes_to_the_partner() {
     drop(first);
 }
 
+/// A finished copy holds as many events as the recording instance's buffer: with
+/// `max_events_per_stream = 5`, a stream of five events then its end, re-streamed whole on
+/// B, is served from the copy (1..=5, then the end), as A would serve it. Before, the end
+/// entry counted toward the five kept, event 1 was trimmed from the copy, and B sent the
+/// re-stream to the Partner.
+#[tokio::test]
+async fn a_finished_copy_holds_as_many_events_as_the_buffer() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let (_pki, partner, a, b, leader) = SseTwo::start(
+        &redis,
+        Restream::Error,
+        &format!("{FAST}\n[cluster.replay]\nread_block = \"200ms\""),
+        "[replay]\nmax_events_per_stream = 5",
+    )
+    .await
+    .into_parts();
+    let mut first = stream(&leader, &a, "\"s1\"", "t5", "start", None).await;
+    assert_eq!(first.status, 200);
+    let feed = partner.feed("t5").await;
+    feed_events(&feed, 1..=5, Some((5, "completed"))).await;
+    drop(feed);
+    for n in 1..=5 {
+        assert_eq!(within(10, first.next_event()).await.unwrap().seq(), Some(n));
+    }
+    assert!(within(10, first.next_event()).await.is_none());
+    let (_, meta) = keys("t5");
+    until_redis(
+        &redis,
+        &["HEXISTS", &meta, "end"],
+        1,
+        Duration::from_secs(5),
+    )
+    .await;
+
+    let mut again = stream(&leader, &b, "\"r\"", "t5", "re-stream", Some(0)).await;
+    assert_eq!(again.status, 200);
+    assert_eq!(read_seqs(&mut again, 5).await, (1..=5).collect::<Vec<_>>());
+    assert!(within(10, again.next_event()).await.is_none());
+    assert_eq!(
+        partner.commands(),
+        ["start"],
+        "the Partner saw the re-stream"
+    );
+}
+
 /// A re-stream that must go to the Partner (`Restream::Error`: it answers -32004).
 async fn forwarded(leader: &Leader, gw: &TestGateway, task: &str, after: u64) {
     let r = leader

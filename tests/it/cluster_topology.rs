@@ -40,6 +40,8 @@ pub fn poll<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -
 pub struct Node {
     pub port: u16,
     child: Option<Child>,
+    /// How it was started (`spawn`'s directory and extra arguments), to start it again.
+    started: Option<(std::path::PathBuf, Vec<String>)>,
 }
 
 impl Node {
@@ -64,6 +66,27 @@ impl Node {
             Ok(v) => redis::from_redis_value::<String>(v).unwrap_or_default(),
             Err(_) => String::new(),
         }
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`) to the process.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id().to_string();
+        let ok = Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .expect("kill runs");
+        assert!(ok.success(), "kill -{signal} {pid}");
+    }
+
+    /// Kills it and starts it again on its port with what it was started with, without
+    /// its data (no persistence; a cluster node keeps its `nodes.conf`: its slots and
+    /// peers); waits until it answers.
+    pub fn restart_empty(&mut self) {
+        self.kill();
+        let (dir, extra) = self.started.clone().expect("started by spawn");
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        *self = spawn(&dir, self.port, &extra);
+        answering(&dir, std::slice::from_ref(self));
     }
 
     /// Kills it (SIGKILL).
@@ -106,6 +129,10 @@ fn spawn(dir: &std::path::Path, port: u16, extra: &[&str]) -> Node {
     Node {
         port,
         child: Some(child),
+        started: Some((
+            dir.to_owned(),
+            extra.iter().map(|s| (*s).to_owned()).collect(),
+        )),
     }
 }
 
@@ -135,6 +162,11 @@ impl RedisCluster {
     /// `masters` masters, each with `replicas` replicas; `None` (skip) without the
     /// binaries outside CI.
     pub fn start(masters: usize, replicas: usize) -> Option<RedisCluster> {
+        RedisCluster::start_with(masters, replicas, &[])
+    }
+
+    /// [`RedisCluster::start`] with `extra` arguments for every node.
+    pub fn start_with(masters: usize, replicas: usize, extra: &[&str]) -> Option<RedisCluster> {
         if !crate::support::installed("redis-server", &["--version"])
             || !crate::support::installed("redis-cli", &["--version"])
         {
@@ -153,18 +185,16 @@ impl RedisCluster {
             .iter()
             .map(|&p| {
                 let conf = format!("nodes-{p}.conf");
-                spawn(
-                    dir.path(),
-                    p,
-                    &[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        &conf,
-                        "--cluster-node-timeout",
-                        "1000",
-                    ],
-                )
+                let mut args = vec![
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    &conf,
+                    "--cluster-node-timeout",
+                    "1000",
+                ];
+                args.extend_from_slice(extra);
+                spawn(dir.path(), p, &args)
             })
             .collect();
         answering(dir.path(), &nodes);
@@ -201,6 +231,36 @@ impl RedisCluster {
                 })
                 .then_some(())
         });
+    }
+
+    /// The index of the node that serves `key` (the others answer `MOVED`).
+    pub fn node_of(&self, key: &str) -> usize {
+        poll(
+            &format!("the node holding {key}"),
+            Duration::from_secs(5),
+            || {
+                self.nodes
+                    .iter()
+                    .position(|n| n.child.is_some() && n.cmd(&["EXISTS", key]).is_ok())
+            },
+        )
+    }
+
+    /// `host:port` of node `i`, as the gateway names it.
+    pub fn addr(&self, i: usize) -> String {
+        format!("127.0.0.1:{}", self.nodes[i].port)
+    }
+
+    /// Every node killed and started again without its data (each keeps its slots), then
+    /// waits until the cluster serves every slot again.
+    pub fn restart_empty(&mut self) {
+        for n in &mut self.nodes {
+            n.kill();
+        }
+        for n in &mut self.nodes {
+            n.restart_empty();
+        }
+        self.until_ok(Duration::from_secs(30));
     }
 
     /// The first node's URL (a seed).
@@ -315,6 +375,7 @@ impl Sentinels {
             sentinels.push(Node {
                 port,
                 child: Some(child),
+                started: None,
             });
         }
         answering(dir.path(), &sentinels);

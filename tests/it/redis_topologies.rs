@@ -173,6 +173,11 @@ impl crate::cluster::Store for Sentinels {
         let key = format!("aipgw:{{aipgw:rl}}:{rest}");
         (self.cmd(&["EXISTS", &key]) == redis::Value::Int(1)).then_some(key)
     }
+    fn restart_empty(&mut self) {
+        let m = self.master();
+        assert_eq!(self.data.len(), 1, "no replica to keep the data");
+        self.data[m].restart_empty();
+    }
 }
 
 /// Issue 30, item 2: a master with a replica under three Sentinels; the master killed.

@@ -22,7 +22,9 @@ redis.call('PEXPIRE', KEYS[2], ARGV[5])
 return 1
 "#;
 
-/// `KEYS` events, meta, recorder; `ARGV` entries kept, live TTL ms, finished TTL ms,
+/// `KEYS` events, meta, recorder; `ARGV` events kept (the end entry of a finished copy
+/// does not count: the copy holds what the recording instance's buffer holds), live TTL
+/// ms, finished TTL ms,
 /// then per entry: id, kind (`d` event, `e` end), data (event bytes or end reason), id
 /// range (`start:len`), after the recorder token (`ARGV[4]`). All of one stream's entries
 /// of a write batch in one call. 1 written; -1 the copy is gone (Redis lost it); -2 it is
@@ -45,7 +47,9 @@ for i = 5, #ARGV, 4 do
     ttl = ARGV[3]
   end
 end
-local over = redis.call('XLEN', KEYS[1]) - tonumber(ARGV[1])
+local keep = tonumber(ARGV[1])
+if redis.call('HEXISTS', KEYS[2], 'end') == 1 then keep = keep + 1 end
+local over = redis.call('XLEN', KEYS[1]) - keep
 if over > 0 then
   local gone = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', over)
   local last = gone[#gone][1]
@@ -393,17 +397,24 @@ async fn renew(cluster: &Arc<Cluster>) {
             };
             cmds.push((k.events.as_str(), cmd));
         }
-        let Ok(results) = send(cluster, "replay_lease", cmds.into_iter()).await else {
+        // A server without the scripts (restarted, or a replica promoted: scripts are not
+        // replicated) has them loaded and the renewals sent again at once: waiting for the
+        // next tick let a lease last renewed before a failover expire.
+        let mut answered = None;
+        for _ in 0..2 {
+            let Ok(results) = send(cluster, "replay_lease", cmds.iter().cloned()).await else {
+                break;
+            };
+            if results.iter().any(|r| matches!(r, Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript))) {
+                let _ = load_scripts(cluster).await;
+                continue;
+            }
+            answered = Some(results);
+            break;
+        }
+        let Some(results) = answered else {
             continue;
         };
-        if results
-            .iter()
-            .any(|r| matches!(r, Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)))
-        {
-            // Loaded now; renewed at the next tick, well within the lease.
-            let _ = load_scripts(cluster).await;
-            continue;
-        }
         let mut live = lock(&cluster.mirror.live);
         for ((id, s), r) in chunk.iter().zip(results) {
             match (s.broken.load(Ordering::Acquire), r) {

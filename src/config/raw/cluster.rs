@@ -46,6 +46,10 @@ pub struct RawCluster {
     pub connect_timeout: Duration,
     /// What quotas do while Redis cannot be reached.
     pub on_error: OnClusterError,
+    /// While the store or some of its nodes do not answer, the warning naming them (and
+    /// their slot ranges) is logged at most once per this (default 10 s).
+    #[serde(with = "humantime_serde")]
+    pub unreachable_warn_interval: Duration,
     /// A stream's lease (open streams per AIC across instances) lasts this long unless
     /// renewed; the instance renews its leases every third of it.
     #[serde(with = "humantime_serde")]
@@ -72,6 +76,7 @@ impl Default for RawCluster {
             command_timeout: Duration::from_millis(25),
             connect_timeout: Duration::from_secs(1),
             on_error: OnClusterError::default(),
+            unreachable_warn_interval: Duration::from_secs(10),
             stream_lease_ttl: d30s(),
             ratelimit: RawClusterRateLimit::default(),
             replay: RawClusterReplay::default(),
