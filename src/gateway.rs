@@ -165,7 +165,7 @@ impl Snapshot {
             };
             partners.push(Arc::new(Partner {
                 label: p.name.as_str().into(),
-                config: p.clone(),
+                config: Arc::clone(p),
                 pool,
                 in_flight,
             }));

@@ -83,8 +83,9 @@ pub struct Config {
     pub cluster: crate::cluster::ClusterSettings,
     /// CRLs fetched over HTTP(S) and kept current (`[revocation]`).
     pub revocation: crate::revocation::settings::RevocationSettings,
-    /// The Partners, in file order.
-    pub partners: Vec<PartnerConfig>,
+    /// The Partners, in file order; each shared with the snapshot's `Partner` built from
+    /// it (a reload neither copies a Partner's config nor keeps two of its access sets).
+    pub partners: Vec<std::sync::Arc<PartnerConfig>>,
 }
 
 /// `[listener]`, validated. Field meanings and defaults: see [`raw::RawListener`].
@@ -338,7 +339,7 @@ impl Config {
             .partners
             .into_iter()
             .enumerate()
-            .map(|(i, p)| checked_partner(i, p, &dotted))
+            .map(|(i, p)| checked_partner(i, p, &dotted).map(std::sync::Arc::new))
             .collect::<anyhow::Result<Vec<_>>>()?;
         check_unique_routes(&partners)?;
         ratelimit.limiter.partners = partners.iter().map(|p| (p.name.clone(), p.rates)).collect();
@@ -421,7 +422,7 @@ fn checked_partner(i: usize, p: RawPartner, dotted: &DottedCheck) -> anyhow::Res
 
 /// No two Partners share a name, or a route (prefix and host). The sets borrow the
 /// checked configs and are sized once, so a fleet of 10,000 costs no rehash or copy.
-fn check_unique_routes(partners: &[PartnerConfig]) -> anyhow::Result<()> {
+fn check_unique_routes(partners: &[std::sync::Arc<PartnerConfig>]) -> anyhow::Result<()> {
     let mut names = HashSet::with_capacity(partners.len());
     let mut routes = HashSet::with_capacity(partners.len());
     for (i, p) in partners.iter().enumerate() {

@@ -19,7 +19,7 @@ use crate::upstream::UpstreamPool;
 /// A Partner: its config and its connection pool.
 pub struct Partner {
     /// Validated config.
-    pub config: PartnerConfig,
+    pub config: Arc<PartnerConfig>,
     /// Its name, shared by every request's log and metric labels (a clone is a count).
     pub label: Arc<str>,
     /// Pooled clients to its upstreams.

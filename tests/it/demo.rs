@@ -64,7 +64,7 @@ pub(crate) async fn demo_gateway(
 ) -> SocketAddr {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/aipgw.toml");
     let mut config = Config::load(&path).expect("config/aipgw.toml must load");
-    config.partners[0].upstreams = vec![format!("http://{partner}").parse().unwrap()];
+    std::sync::Arc::make_mut(&mut config.partners[0]).upstreams = vec![format!("http://{partner}").parse().unwrap()];
     configure(&mut config);
     let gateway = Gateway::new(config).expect("dev certificates must load");
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
