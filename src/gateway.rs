@@ -103,6 +103,7 @@ impl Snapshot {
             &config.aic_domain_suffix,
             config.partner_pools(),
             previous.map(|prev| &prev.origins),
+            stores.metrics.handshake_groups.clone(),
         );
         // The previous Partners by name: each found by a lookup, not a search.
         let before: HashMap<&str, &Arc<Partner>> = previous

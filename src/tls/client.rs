@@ -15,7 +15,7 @@ use rustls::{
 
 use super::pem;
 use super::server::provider;
-use crate::config::PartnerTlsConfig;
+use crate::config::{Groups, PartnerTlsConfig};
 use crate::identity::cert::aic_from_certificate;
 use crate::identity::Aic;
 
@@ -27,11 +27,12 @@ pub(crate) struct PartnerAicMismatch {
     pub expected: Aic,
 }
 
-/// Builds the client config for one Partner.
+/// Builds the client config for one Partner, offering `groups`.
 pub(crate) fn partner_client_config(
     tls: &PartnerTlsConfig,
     expected_aic: Option<Aic>,
     aic_suffix: &str,
+    groups: &Groups,
 ) -> anyhow::Result<ClientConfig> {
     let mut roots = RootCertStore::empty();
     for cert in pem::load_certs(&tls.ca)? {
@@ -52,7 +53,7 @@ pub(crate) fn partner_client_config(
         expected_aic,
         aic_suffix: aic_suffix.to_owned(),
     });
-    let builder = ClientConfig::builder_with_provider(provider())
+    let builder = ClientConfig::builder_with_provider(super::provider::with_groups(groups))
         .with_protocol_versions(&[&rustls::version::TLS13])
         .context("TLS 1.3")?
         .dangerous()

@@ -76,7 +76,7 @@ pub(crate) fn build(
     });
     let certs = pem::load_certs(&l.cert).context("listener.cert")?;
     let key = pem::load_key(&l.key).context("listener.key")?;
-    let mut config = ServerConfig::builder_with_provider(provider())
+    let mut config = ServerConfig::builder_with_provider(super::provider::with_groups(&l.tls_groups))
         .with_protocol_versions(&[&rustls::version::TLS13])
         .context("TLS 1.3")?
         .with_client_cert_verifier(verifier)

@@ -20,7 +20,7 @@ fn dev_leader(name: &str, h2: bool) -> Leader {
         roots.add(c).unwrap();
     }
     let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
+        rustls::crypto::aws_lc_rs::default_provider(),
     ))
     .with_protocol_versions(&[&rustls::version::TLS13])
     .unwrap()
