@@ -27,10 +27,10 @@ pub use proxy::{Network, ProxyProtocol};
 
 use crate::identity::aic::DottedCheck;
 
-/// Settings enums the rest of the gateway names (the file's raw structs stay in `raw`).
-pub use raw::{AipVersion, ErrorStatus, LogFormat, Scheduler, UnknownTask};
 /// Key exchange groups (`[tls]`), checked against the build's crypto provider.
 pub use crate::tls::provider::Groups;
+/// Settings enums the rest of the gateway names (the file's raw structs stay in `raw`).
+pub use raw::{AipVersion, ErrorStatus, LogFormat, Scheduler, UnknownTask};
 
 /// A validated configuration.
 #[derive(Debug, Clone)]

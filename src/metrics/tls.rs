@@ -35,10 +35,4 @@ impl GroupTally {
         let group = crate::tls::provider::negotiated(tls).group;
         self.0.get_or_create(&GroupLabels { side, group }).inc();
     }
-
-    /// The count so far (tests).
-    #[cfg(test)]
-    pub(crate) fn get(&self, side: &'static str, group: &'static str) -> u64 {
-        self.0.get_or_create(&GroupLabels { side, group }).get()
-    }
 }

@@ -125,7 +125,15 @@ async fn handshake(
     let tls = match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) if no_shared_group(&e) => {
-            tracing::info!(%peer, error = %e, "TLS handshake failed: the client offered no key exchange group of tls.listener_groups");
+            // In the access log, beside the malformed HTTP refused: an operator restricting
+            // `tls.listener_groups` sees whom it turns away.
+            tracing::info!(
+                target: "aipgw::access",
+                peer = %peer,
+                reason = "no_shared_group",
+                error = %e,
+                "TLS handshake refused: no key exchange group of tls.listener_groups offered"
+            );
             return failed("no_shared_group");
         }
         Ok(Err(e)) => {

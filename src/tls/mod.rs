@@ -7,5 +7,5 @@ pub(crate) mod pem;
 pub(crate) mod provider;
 pub(crate) mod server;
 
-pub(crate) use server::{build as build_server, ServerTls};
 pub(crate) use provider::provider;
+pub(crate) use server::{build as build_server, ServerTls};

@@ -209,11 +209,58 @@ mod tests {
         assert_eq!(p.cipher_suites.len(), provider().cipher_suites.len());
     }
 
+    /// The listener's and a Partner's configs: the one provider (its suites, keys and
+    /// signature checks), with each side's groups.
+    #[cfg(not(any(feature = "ring-provider", feature = "fips")))]
+    #[test]
+    fn every_config_is_built_on_the_one_provider() {
+        let demo = std::fs::read_to_string("config/aipgw.toml").unwrap();
+        let text = format!(
+            "{demo}\n[tls]\nlistener_groups = [\"X25519\"]\npartner_groups = [\"secp256r1\", \"X25519MLKEM768\"]\n"
+        );
+        let cfg = crate::config::Config::parse(&text, std::path::Path::new("config")).unwrap();
+        let rules = crate::identity::AicRules::default();
+        let listener = crate::tls::build_server(&cfg.listener, rules, None, false).unwrap();
+        let partner = crate::config::PartnerTlsConfig {
+            ca: "certs/ca.pem".into(),
+            client_cert: None,
+            server_name: None,
+        };
+        let groups = &cfg.upstream.tls_groups;
+        let client =
+            crate::tls::client::partner_client_config(&partner, None, "x", groups).unwrap();
+        let ours = provider();
+        let suites =
+            |p: &CryptoProvider| -> Vec<_> { p.cipher_suites.iter().map(|s| s.suite()).collect() };
+        for (p, want) in [
+            (listener.config.crypto_provider(), vec!["X25519"]),
+            (
+                client.crypto_provider(),
+                vec!["secp256r1", "X25519MLKEM768"],
+            ),
+        ] {
+            let groups: Vec<_> = p.kx_groups.iter().map(|g| group_name(g.name())).collect();
+            assert_eq!(groups, want);
+            assert_eq!(suites(p), suites(&ours));
+            assert_eq!(format!("{:?}", p.key_provider), "AwsLcRs");
+            assert_eq!(format!("{:?}", p.secure_random), "AwsLcRs");
+            let sigs = p.signature_verification_algorithms.all.len();
+            assert_eq!(sigs, ours.signature_verification_algorithms.all.len());
+        }
+    }
+
     #[test]
     fn bad_lists_name_the_valid_groups() {
-        let e = Groups::parse("tls.listener_groups", &[]).unwrap_err().to_string();
-        assert!(e.contains("tls.listener_groups") && e.contains("X25519"), "{e}");
-        let e = Groups::parse("k", &["X448".into()]).unwrap_err().to_string();
+        let e = Groups::parse("tls.listener_groups", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("tls.listener_groups") && e.contains("X25519"),
+            "{e}"
+        );
+        let e = Groups::parse("k", &["X448".into()])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("\"X448\"") && e.contains("secp256r1"), "{e}");
         let e = Groups::parse("k", &["X25519".into(), "x25519".into()]).unwrap_err();
         assert!(e.to_string().contains("twice"), "{e}");

@@ -76,12 +76,13 @@ pub(crate) fn build(
     });
     let certs = pem::load_certs(&l.cert).context("listener.cert")?;
     let key = pem::load_key(&l.key).context("listener.key")?;
-    let mut config = ServerConfig::builder_with_provider(super::provider::with_groups(&l.tls_groups))
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .context("TLS 1.3")?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(certs, key)
-        .context("listener.cert/listener.key: the key does not match the certificate")?;
+    let mut config =
+        ServerConfig::builder_with_provider(super::provider::with_groups(&l.tls_groups))
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .context("TLS 1.3")?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(certs, key)
+            .context("listener.cert/listener.key: the key does not match the certificate")?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     if l.tls_session_cache == 0 {
         config.send_tls13_tickets = 0;

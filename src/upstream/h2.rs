@@ -18,8 +18,8 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::pki_types::ServerName;
 
 use super::budget::{Budget, Slot};
-use crate::metrics::tls::GroupTally;
 use crate::config::UpstreamConfig;
+use crate::metrics::tls::GroupTally;
 
 /// hyper's client over the budgeted connector.
 pub(crate) type HttpClient = Client<Tallied, Full<Bytes>>;

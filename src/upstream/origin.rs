@@ -331,7 +331,9 @@ mod tests {
 
     /// Each Partner's origins, as pointers, and the table.
     fn build(cfg: &Config, previous: Option<&Origins>) -> (Vec<Vec<*const Origin>>, Origins) {
-        let mut b = OriginsBuilder::new(&cfg.upstream, "acps.pub", cfg.partner_pools(), previous);
+        let tally = GroupTally::default();
+        let pools = cfg.partner_pools();
+        let mut b = OriginsBuilder::new(&cfg.upstream, "acps.pub", pools, previous, tally);
         let each = cfg
             .partners
             .iter()

@@ -29,6 +29,7 @@ mod sdk;
 mod streams;
 mod support;
 mod timeouts;
+mod tls_groups;
 mod upgrade;
 mod upstream;
 mod v2;
