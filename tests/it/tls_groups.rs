@@ -5,12 +5,27 @@
 use std::sync::Arc;
 
 use aipgw::devcerts::CertSpec;
-use rustls::crypto::aws_lc_rs::kx_group::{X25519, X25519MLKEM768};
+use rustls::crypto::aws_lc_rs::kx_group::X25519MLKEM768;
 use rustls::crypto::SupportedKxGroup;
 use rustls::NamedGroup;
 
 use crate::ops::capture;
 use crate::support::*;
+
+/// The classical group a classical client gets: X25519, or P-256 in the FIPS build
+/// (where X25519 alone is not an approved group).
+#[cfg(not(feature = "fips"))]
+const CLASSICAL: (&dyn SupportedKxGroup, NamedGroup, &str) = (
+    rustls::crypto::aws_lc_rs::kx_group::X25519,
+    NamedGroup::X25519,
+    "X25519",
+);
+#[cfg(feature = "fips")]
+const CLASSICAL: (&dyn SupportedKxGroup, NamedGroup, &str) = (
+    rustls::crypto::aws_lc_rs::kx_group::SECP256R1,
+    NamedGroup::secp256r1,
+    "secp256r1",
+);
 
 /// The test provider offering only `groups`, in that order.
 fn offering(groups: &[&'static dyn SupportedKxGroup]) -> Arc<rustls::crypto::CryptoProvider> {
@@ -59,24 +74,25 @@ async fn leaders_get_the_post_quantum_group_they_offer_and_classical_ones_x25519
         start_gateway(&pki.config("", &partner_block("logged-pq", "/p", &echo.url(), ""))).await;
 
     // A client offering X25519MLKEM768 first (as current browsers and rustls do) gets it.
-    let pq_first = leader_offering(&pki, &[X25519MLKEM768, X25519]);
+    let (classical_group, classical_name, name) = CLASSICAL;
+    let pq_first = leader_offering(&pki, &[X25519MLKEM768, classical_group]);
     let got = negotiated(&pq_first, &gw).await.unwrap();
     assert_eq!(got, Some(NamedGroup::X25519MLKEM768));
-    // A classical-only client gets X25519; a PQ-only one (hardened) X25519MLKEM768.
-    let classical = leader_offering(&pki, &[X25519]);
+    // A classical-only client gets X25519 (P-256 under FIPS); a PQ-only one (hardened) X25519MLKEM768.
+    let classical = leader_offering(&pki, &[classical_group]);
     assert_eq!(
         negotiated(&classical, &gw).await.unwrap(),
-        Some(NamedGroup::X25519)
+        Some(classical_name)
     );
     let pq_only = leader_offering(&pki, &[X25519MLKEM768]);
     let got = negotiated(&pq_only, &gw).await.unwrap();
     assert_eq!(got, Some(NamedGroup::X25519MLKEM768));
     // Counted by side and group.
     metric(&gw, &handshakes("listener", "X25519MLKEM768"), 2.0).await;
-    metric(&gw, &handshakes("listener", "X25519"), 1.0).await;
+    metric(&gw, &handshakes("listener", name), 1.0).await;
 
     // Each request's access-log line names its connection's group and cipher suite.
-    for (leader, group) in [(&pq_first, "X25519MLKEM768"), (&classical, "X25519")] {
+    for (leader, group) in [(&pq_first, "X25519MLKEM768"), (&classical, name)] {
         let body = rpc_start("1", LEADER_A, &format!("pq-{group}"));
         let r = leader.post(gw.addr, "/p/rpc", &body).await.unwrap();
         assert_eq!(r.status, 200, "{}", r.text());
@@ -104,8 +120,9 @@ async fn a_classical_listener_refuses_a_post_quantum_only_client_counted_and_log
     let capture = capture();
     let pki = Pki::new();
     let echo = TestPartner::start(Behaviour::Echo).await;
+    let (classical_group, classical_name, name) = CLASSICAL;
     let config = format!(
-        "{}\n[tls]\nlistener_groups = [\"X25519\", \"secp256r1\"]\n",
+        "{}\n[tls]\nlistener_groups = [\"{name}\", \"secp384r1\"]\n",
         pki.config("", &partner_block("p", "/p", &echo.url(), ""))
     );
     let gw = start_gateway(&config).await;
@@ -136,12 +153,12 @@ async fn a_classical_listener_refuses_a_post_quantum_only_client_counted_and_log
         "{line}"
     );
     // A classical client is still served, and the PQ one never counted as a handshake.
-    let classical = leader_offering(&pki, &[X25519MLKEM768, X25519]);
+    let classical = leader_offering(&pki, &[X25519MLKEM768, classical_group]);
     assert_eq!(
         negotiated(&classical, &gw).await.unwrap(),
-        Some(NamedGroup::X25519)
+        Some(classical_name)
     );
-    let m = metric(&gw, &handshakes("listener", "X25519"), 1.0).await;
+    let m = metric(&gw, &handshakes("listener", name), 1.0).await;
     assert_eq!(m.get(&handshakes("listener", "X25519MLKEM768")), None);
 }
 
@@ -206,8 +223,9 @@ async fn partners_get_x25519mlkem768_from_the_gateway_unless_the_config_restrict
 
     // Restricted to classical groups, the gateway cannot reach the PQ-only Partner.
     let config = format!(
-        "{}\n[tls]\npartner_groups = [\"X25519\"]\n",
-        pki.config("", &partners)
+        "{}\n[tls]\npartner_groups = [\"{}\"]\n",
+        pki.config("", &partners),
+        CLASSICAL.2
     );
     let gw = start_gateway(&config).await;
     let r = leader
