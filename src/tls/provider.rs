@@ -26,7 +26,7 @@ pub(crate) const NAME: &str = if cfg!(feature = "ring-provider") {
 /// the FIPS-approved ones only).
 fn chosen() -> CryptoProvider {
     #[cfg(feature = "ring-provider")]
-    let p = rustls::crypto::aws_lc_rs::default_provider();
+    let p = rustls::crypto::ring::default_provider();
     #[cfg(not(feature = "ring-provider"))]
     let p = rustls::crypto::aws_lc_rs::default_provider();
     p
