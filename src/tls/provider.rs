@@ -48,19 +48,33 @@ fn all_groups() -> impl Iterator<Item = &'static dyn SupportedKxGroup> {
 /// is left, and said in an error line; [`is_process_default`] tells).
 pub(crate) fn provider() -> Arc<CryptoProvider> {
     static ONE: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
-    ONE.get_or_init(|| match chosen().install_default() {
-        Ok(()) => CryptoProvider::get_default()
-            .cloned()
-            .unwrap_or_else(|| Arc::new(chosen())),
-        Err(_) => {
-            tracing::error!(
-                provider = NAME,
-                "another TLS crypto provider was installed first: the Redis client uses it"
-            );
-            Arc::new(chosen())
-        }
+    ONE.get_or_init(|| {
+        let p = match chosen().install_default() {
+            Ok(()) => CryptoProvider::get_default()
+                .cloned()
+                .unwrap_or_else(|| Arc::new(chosen())),
+            Err(_) => {
+                tracing::error!(
+                    provider = NAME,
+                    "another TLS crypto provider was installed first: the Redis client uses it"
+                );
+                Arc::new(chosen())
+            }
+        };
+        warm_up(&p);
+        p
     })
     .clone()
+}
+
+/// One key share of each group made and dropped, so the library's one-time start (its
+/// random generator's seeding: about 150 ms lost by the first handshake of a test build,
+/// seen as a strict quota test admitting 29 of 32) is paid when the config is built, not
+/// by the first client's handshake.
+fn warm_up(p: &CryptoProvider) {
+    for g in &p.kx_groups {
+        let _ = g.start();
+    }
 }
 
 /// The provider offering `groups`, in that order (names from [`Groups::parse`]).
