@@ -20,7 +20,7 @@ fn bench(c: &mut Criterion) {
     roots.add(ca.cert_der()).unwrap();
     let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
         Arc::new(roots),
-        Arc::new(rustls::crypto::ring::default_provider()),
+        Arc::new(rustls::crypto::aws_lc_rs::default_provider()),
     )
     .build()
     .unwrap();

@@ -321,7 +321,7 @@ http2 = {h2}
     let mut roots = rustls::RootCertStore::empty();
     roots.add(ca.cert_der())?;
     let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
+        rustls::crypto::aws_lc_rs::default_provider(),
     ))
     .with_protocol_versions(&[&rustls::version::TLS13])?
     .with_root_certificates(roots)

@@ -72,6 +72,8 @@ pub(crate) struct RequestLog {
 pub(crate) struct AccessLog {
     pub(crate) log: RequestLog,
     pub(crate) peer: SocketAddr,
+    /// The connection's key exchange group and cipher suite.
+    pub(crate) tls: crate::tls::provider::Negotiated,
     pub(crate) metrics: Arc<crate::metrics::Metrics>,
     pub(crate) started: Instant,
     pub(crate) status: u16,
@@ -108,6 +110,8 @@ impl Drop for AccessLog {
         tracing::info!(
             target: "aipgw::access",
             peer = %self.peer,
+            tls_group = self.tls.group,
+            tls_suite = self.tls.suite,
             aic = %aic,
             partner,
             method,

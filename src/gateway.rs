@@ -138,6 +138,7 @@ impl Snapshot {
             &config.aic_domain_suffix,
             config.partner_pools(),
             previous.map(|prev| &prev.origins),
+            stores.metrics.handshake_groups.clone(),
         )
         .with_revocation(
             config

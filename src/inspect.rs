@@ -6,7 +6,7 @@ use std::path::Path;
 use rustls_pki_types::UnixTime;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use crate::config::Config;
+use crate::config::{Config, Groups};
 use crate::identity::aic::{AicCheck, AicForm};
 use crate::identity::cert::{aic_claims, decide};
 use crate::identity::{sha256_hex, AicError, CredentialError};
@@ -112,6 +112,14 @@ pub(crate) async fn inspect(
             accepted &= crate::revocation::live::report(&certs, cfg, &mut out).await?;
         }
     }
+    // What a Leader's client will be offered to agree on (the config's, else the defaults).
+    let groups = config.map_or_else(Groups::defaults, |c| c.listener.tls_groups.clone());
+    let _ = writeln!(
+        out,
+        "TLS groups:  {} ({}; tls.listener_groups)",
+        groups.names().join(", "),
+        crate::tls::provider::NAME
+    );
     let _ = writeln!(
         out,
         "verdict:     {}",

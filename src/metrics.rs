@@ -9,6 +9,7 @@
 
 mod partners;
 pub(crate) mod revocation;
+pub(crate) mod tls;
 
 pub use partners::PartnerMetrics;
 use partners::OTHER;
@@ -178,6 +179,8 @@ pub struct Metrics {
     pub handshake_failures: Family<ReasonLabels, Counter>,
     /// TLS handshakes completed, by kind (`full`, `resumed`).
     pub(crate) handshakes: Family<KindLabels, Counter>,
+    /// TLS handshakes completed, by side and key exchange group.
+    pub(crate) handshake_groups: tls::GroupTally,
     /// Connections the gateway closed to keep slots free, by reason: `per_ip_limit`,
     /// `unverified_idle`, `unverified_reply`, `evicted_idle`; and before TLS over the
     /// PROXY protocol: `proxy_header_untrusted`, `_missing`, `_malformed`, `_too_large`,
@@ -287,6 +290,7 @@ fn register_connections(r: &mut Registry, m: &Metrics) {
         "TLS handshakes completed, by kind: full, or resumed from a session",
         m.handshakes.clone(),
     );
+    m.handshake_groups.register(r);
     r.register(
         "tls_handshake_failures",
         "TLS handshakes that failed or timed out",
@@ -466,6 +470,7 @@ impl Metrics {
             worker_connections: Family::default(),
             handshake_failures: Family::default(),
             handshakes: Family::default(),
+            handshake_groups: tls::GroupTally::default(),
             connections_closed: Family::default(),
             http_errors: Family::default(),
             identity_failures: Family::default(),

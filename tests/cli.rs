@@ -359,3 +359,43 @@ fn ten_thousand_partners_start_on_twenty_thousand_files() {
     assert!(term.success());
     assert_eq!(child.wait().unwrap().code(), Some(0));
 }
+
+/// `[tls]` group lists: an unknown name or an empty list is refused with the valid names;
+/// a post-quantum-only listener is a good config, and `inspect-cert` says what it offers.
+#[test]
+fn check_refuses_bad_group_lists() {
+    let dir = tempfile::tempdir().unwrap();
+    for (tls, key) in [
+        ("listener_groups = [\"X448\"]", "tls.listener_groups"),
+        ("partner_groups = []", "tls.partner_groups"),
+        ("listener_groups = []", "tls.listener_groups"),
+    ] {
+        let path = demo_config_in(dir.path(), |t| format!("{t}\n[tls]\n{tls}\n"));
+        let (code, out) = aipgw(&["check", "--config", path.to_str().unwrap()]);
+        assert_eq!(code, 1, "{tls}: {out}");
+        for want in [key, "X25519MLKEM768", "X25519", "secp256r1"] {
+            assert!(out.contains(want), "{tls}: {want}: {out}");
+        }
+    }
+    let pq_only = demo_config_in(dir.path(), |t| {
+        format!("{t}\n[tls]\nlistener_groups = [\"X25519MLKEM768\"]\n")
+    });
+    let (code, out) = aipgw(&["check", "--config", pq_only.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = aipgw(&[
+        "inspect-cert",
+        "certs/leader-v1.pem",
+        "--config",
+        pq_only.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("TLS groups:  X25519MLKEM768 (aws-lc-rs"),
+        "{out}"
+    );
+    let (_, out) = aipgw(&["inspect-cert", "certs/leader-v1.pem"]);
+    assert!(
+        out.contains("TLS groups:  X25519MLKEM768, X25519, secp256r1, secp384r1"),
+        "{out}"
+    );
+}

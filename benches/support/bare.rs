@@ -36,7 +36,7 @@ pub(crate) fn tls_config(
     crls: &[&Path],
     resumption: bool,
 ) -> anyhow::Result<Arc<ServerConfig>> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut roots = RootCertStore::empty();
     for c in CertificateDer::pem_file_iter(ca)? {
         roots.add(c?)?;

@@ -65,7 +65,7 @@ impl Pki {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(self.ca.cert_der()).unwrap();
         let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
+            rustls::crypto::aws_lc_rs::default_provider(),
         ))
         .with_protocol_versions(&[&rustls::version::TLS13])
         .unwrap()

@@ -49,6 +49,9 @@ pub fn main() -> ExitCode {
         .as_ref()
         .is_some_and(|c| c.log_format == crate::config::LogFormat::Json);
     init_tracing(&level, json);
+    // The one TLS crypto provider, installed as the process default before any client
+    // (the Redis one takes the default) is built.
+    let _ = crate::tls::provider::provider();
     // With per-core workers (the default) connections run on `crate::workers`' threads
     // and this runtime, on the main thread, keeps the accept loop, the admin listener,
     // reloads and the background loops; with `scheduler = "shared"` it is tokio's

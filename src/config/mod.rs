@@ -28,6 +28,8 @@ pub use proxy::{Network, ProxyProtocol};
 
 use crate::identity::aic::DottedCheck;
 
+/// Key exchange groups (`[tls]`), checked against the build's crypto provider.
+pub use crate::tls::provider::Groups;
 /// Settings enums the rest of the gateway names (the file's raw structs stay in `raw`).
 pub use raw::{AipVersion, ErrorStatus, LogFormat, Scheduler, UnknownTask};
 
@@ -154,6 +156,8 @@ pub struct ListenerConfig {
     pub handover_socket: Option<PathBuf>,
     /// How long each side of a hand-over waits for the other.
     pub handover_timeout: Duration,
+    /// Key exchange groups accepted, in order of preference (`tls.listener_groups`).
+    pub tls_groups: Groups,
 }
 
 /// `[upstream]`, validated. Field meanings and defaults: see [`raw::RawUpstream`].
@@ -185,6 +189,8 @@ pub struct UpstreamConfig {
     /// Partner connections open at once, for the whole gateway (HTTP/1.1 busy or idle,
     /// and HTTP/2): what the open-file check counts for them.
     pub max_connections: usize,
+    /// Key exchange groups offered to Partners, in order (`tls.partner_groups`).
+    pub tls_groups: Groups,
 }
 
 /// `[policy.tasks]`, validated.
@@ -347,12 +353,18 @@ impl Config {
         raw.admin.partner_metrics.check(&names)?;
         Ok(Config {
             source: None,
-            listener: ListenerConfig::try_from(raw.listener)?,
+            listener: ListenerConfig {
+                tls_groups: Groups::parse("tls.listener_groups", &raw.tls.listener_groups)?,
+                ..ListenerConfig::try_from(raw.listener)?
+            },
             aic_domain_suffix: suffix,
             dotted,
             max_body_bytes: raw.limits.max_body_bytes,
             max_json_depth: raw.limits.max_json_depth,
-            upstream: UpstreamConfig::try_from(&raw.upstream)?,
+            upstream: UpstreamConfig {
+                tls_groups: Groups::parse("tls.partner_groups", &raw.tls.partner_groups)?,
+                ..UpstreamConfig::try_from(&raw.upstream)?
+            },
             stream: crate::sse::relay::StreamSettings::try_from(&raw.stream)?,
             replay: crate::sse::memory::ReplayLimits::try_from(&raw.replay)?,
             replay_sweep_interval: raw.replay.sweep_interval,

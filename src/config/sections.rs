@@ -88,6 +88,7 @@ impl TryFrom<raw::RawListener> for ListenerConfig {
             proxy_protocol: super::ProxyProtocol::try_from(&l.proxy_protocol)?,
             handover_socket: l.handover_socket,
             handover_timeout: l.handover_timeout,
+            tls_groups: super::Groups::defaults(),
         })
     }
 }
@@ -118,6 +119,7 @@ impl TryFrom<&raw::RawUpstream> for UpstreamConfig {
             max_error_body_bytes: u.max_error_body_bytes,
             http2_connection_window: u.http2_connection_window,
             max_response_head_bytes: u.max_response_head_bytes,
+            tls_groups: super::Groups::defaults(),
         })
     }
 }

@@ -362,7 +362,7 @@ mod tests {
             roots.add(ca.cert_der()).unwrap();
             let inner = rustls::server::WebPkiClientVerifier::builder_with_provider(
                 roots.into(),
-                Arc::new(rustls::crypto::ring::default_provider()),
+                Arc::new(rustls::crypto::aws_lc_rs::default_provider()),
             )
             .build()
             .unwrap();

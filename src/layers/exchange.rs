@@ -38,6 +38,8 @@ pub struct ConnInfo {
     /// is not blocked: the listener closes a connection that had no verified AIC at its
     /// handshake after that answer.
     pub(crate) auth_refused: std::sync::atomic::AtomicBool,
+    /// The key exchange group and cipher suite the handshake settled on (access log).
+    pub(crate) tls: crate::tls::provider::Negotiated,
 }
 
 impl ConnInfo {
@@ -49,6 +51,7 @@ impl ConnInfo {
             sni,
             forwarded: forwarded_values(peer),
             auth_refused: std::sync::atomic::AtomicBool::new(false),
+            tls: Default::default(),
         }
     }
 }
@@ -98,7 +101,10 @@ impl ConnInfo {
             let labels = crate::metrics::ReasonLabels { reason };
             snap.metrics.identity_failures.get_or_create(&labels).inc();
         }
-        ConnInfo::new(peer, identity, session.server_name().map(str::to_owned))
+        ConnInfo {
+            tls: crate::tls::provider::negotiated(session),
+            ..ConnInfo::new(peer, identity, session.server_name().map(str::to_owned))
+        }
     }
 }
 

@@ -118,6 +118,7 @@ impl<F: Future<Output = Handled>> Future for Responding<F> {
         let access = AccessLog {
             log,
             peer: conn.peer,
+            tls: conn.tls,
             metrics: snap.metrics.clone(),
             started: *this.started,
             status,

@@ -124,6 +124,18 @@ async fn handshake(
     };
     let tls = match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
         Ok(Ok(s)) => s,
+        Ok(Err(e)) if no_shared_group(&e) => {
+            // In the access log, beside the malformed HTTP refused: an operator restricting
+            // `tls.listener_groups` sees whom it turns away.
+            tracing::info!(
+                target: "aipgw::access",
+                peer = %peer,
+                reason = "no_shared_group",
+                error = %e,
+                "TLS handshake refused: no key exchange group of tls.listener_groups offered"
+            );
+            return failed("no_shared_group");
+        }
         Ok(Err(e)) => {
             tracing::debug!(%peer, error = %e, "TLS handshake failed");
             return failed("tls_error");
@@ -141,7 +153,22 @@ async fn handshake(
         .handshakes
         .get_or_create(&KindLabels { kind })
         .inc();
+    snap.metrics
+        .handshake_groups
+        .count("listener", tls.get_ref().1);
     Some(tls)
+}
+
+/// Whether a failed handshake found no key exchange group both sides offer.
+fn no_shared_group(e: &std::io::Error) -> bool {
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        .is_some_and(|t| {
+            matches!(
+                t,
+                rustls::Error::PeerIncompatible(rustls::PeerIncompatible::NoKxGroupsInCommon)
+            )
+        })
 }
 
 /// The connection's requests: each through `stack`, counted active until its response

@@ -16,7 +16,7 @@ use rustls::{
 
 use super::pem;
 use super::server::provider;
-use crate::config::PartnerTlsConfig;
+use crate::config::{Groups, PartnerTlsConfig};
 use crate::identity::cert::aic_from_certificate;
 use crate::identity::Aic;
 use crate::revocation::ocsp::wire::Subject;
@@ -31,12 +31,13 @@ pub(crate) struct PartnerAicMismatch {
 }
 
 /// Builds the client config for one Partner; its certificate's revocation status is
-/// judged with `revocation` (when given).
+/// judged with `revocation` (when given); it offers `groups`.
 pub(crate) fn partner_client_config(
     tls: &PartnerTlsConfig,
     expected_aic: Option<Aic>,
     aic_suffix: &str,
     revocation: Option<Arc<PartnerRevocation>>,
+    groups: &Groups,
 ) -> anyhow::Result<ClientConfig> {
     let mut roots = RootCertStore::empty();
     let cas = pem::load_certs(&tls.ca)?;
@@ -64,7 +65,7 @@ pub(crate) fn partner_client_config(
             subject: std::sync::Mutex::new(None),
         }),
     });
-    let builder = ClientConfig::builder_with_provider(provider())
+    let builder = ClientConfig::builder_with_provider(super::provider::with_groups(groups))
         .with_protocol_versions(&[&rustls::version::TLS13])
         .context("TLS 1.3")?
         .dangerous()

@@ -4,11 +4,8 @@
 pub(crate) mod client;
 pub(crate) mod live;
 pub(crate) mod pem;
+pub(crate) mod provider;
 pub(crate) mod server;
 
+pub(crate) use provider::provider;
 pub(crate) use server::{build as build_server, ServerTls};
-
-/// The crypto provider used everywhere (ring).
-pub(crate) fn provider() -> std::sync::Arc<rustls::crypto::CryptoProvider> {
-    std::sync::Arc::new(rustls::crypto::ring::default_provider())
-}

@@ -80,19 +80,24 @@ pub(crate) fn build(
     });
     let certs = pem::load_certs(&l.cert).context("listener.cert")?;
     let key = pem::load_key(&l.key).context("listener.key")?;
-    let key = rustls::sign::CertifiedKey::from_der(certs, key, &provider())
-        .context("listener.cert/listener.key: the key does not match the certificate")?;
+    let key = rustls::sign::CertifiedKey::from_der(
+        certs,
+        key,
+        &super::provider::with_groups(&l.tls_groups),
+    )
+    .context("listener.cert/listener.key: the key does not match the certificate")?;
     let stapler = Arc::new(Stapler::new(
         key,
         trust.ca_certs(),
         stapling,
         previous.map(|p| &*p.stapler),
     ));
-    let mut config = ServerConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .context("TLS 1.3")?
-        .with_client_cert_verifier(verifier)
-        .with_cert_resolver(stapler.clone());
+    let mut config =
+        ServerConfig::builder_with_provider(super::provider::with_groups(&l.tls_groups))
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .context("TLS 1.3")?
+            .with_client_cert_verifier(verifier)
+            .with_cert_resolver(stapler.clone());
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     if l.tls_session_cache == 0 {
         config.send_tls13_tickets = 0;

@@ -18,6 +18,8 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_rustls::client::TlsStream;
+
+use crate::metrics::tls::GroupTally;
 use tokio_rustls::TlsConnector;
 
 use super::budget::{Budget, BudgetFull, Slot};
@@ -33,6 +35,8 @@ pub(crate) struct Endpoint {
     /// `host:port` as the `host` field says it.
     pub authority: String,
     pub tls: Option<(TlsConnector, ServerName<'static>)>,
+    /// Where its handshakes are counted by group.
+    tally: GroupTally,
 }
 
 impl Endpoint {
@@ -71,7 +75,13 @@ impl Endpoint {
             port,
             authority,
             tls,
+            tally: GroupTally::default(),
         })
+    }
+
+    /// The same endpoint, its handshakes counted in `tally`.
+    pub(crate) fn counting(self, tally: GroupTally) -> Endpoint {
+        Endpoint { tally, ..self }
     }
 }
 
@@ -123,12 +133,14 @@ impl Conn {
         let _ = tcp.set_nodelay(true);
         let io = match &to.tls {
             None => Io::Plain(tcp),
-            Some((connector, name)) => Io::Tls(Box::new(
-                connector
+            Some((connector, name)) => {
+                let tls = connector
                     .connect(name.clone(), tcp)
                     .await
-                    .map_err(ConnectError::Tls)?,
-            )),
+                    .map_err(ConnectError::Tls)?;
+                to.tally.count("partner", tls.get_ref().1);
+                Io::Tls(Box::new(tls))
+            }
         };
         Ok(Conn {
             io,

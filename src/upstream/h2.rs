@@ -19,9 +19,10 @@ use rustls::pki_types::ServerName;
 
 use super::budget::{Budget, Slot};
 use crate::config::UpstreamConfig;
+use crate::metrics::tls::GroupTally;
 
 /// hyper's client over the budgeted connector.
-pub(crate) type HttpClient = Client<HttpsConnector<Budgeted>, Full<Bytes>>;
+pub(crate) type HttpClient = Client<Tallied, Full<Bytes>>;
 
 /// hyper's HTTP/2 clients for an `http2 = true` origin, one per worker thread: one
 /// connection carries every request; the Partner's SETTINGS_MAX_CONCURRENT_STREAMS bounds
@@ -32,6 +33,7 @@ pub(crate) fn clients(
     u: &UpstreamConfig,
     pools: usize,
     budget: &Arc<Budget>,
+    tally: &GroupTally,
 ) -> Box<[HttpClient]> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
@@ -51,7 +53,10 @@ pub(crate) fn clients(
         }
         None => builder,
     };
-    let connector = builder.enable_http2().wrap_connector(budgeted);
+    let connector = Tallied {
+        inner: builder.enable_http2().wrap_connector(budgeted),
+        tally: tally.clone(),
+    };
     let mut builder = Client::builder(TokioExecutor::new());
     builder
         .pool_idle_timeout(u.pool_idle_timeout)
@@ -147,5 +152,35 @@ impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for Counted<T> {
 impl<T: Connection> Connection for Counted<T> {
     fn connected(&self) -> Connected {
         self.io.connected()
+    }
+}
+
+/// The TLS connector, each handshake it completes counted by group.
+#[derive(Clone)]
+pub(crate) struct Tallied {
+    inner: HttpsConnector<Budgeted>,
+    tally: GroupTally,
+}
+
+type TlsConn = <HttpsConnector<Budgeted> as tower::Service<Uri>>::Response;
+
+impl tower::Service<Uri> for Tallied {
+    type Response = TlsConn;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<TlsConn, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let (connecting, tally) = (self.inner.call(uri), self.tally.clone());
+        Box::pin(async move {
+            let conn = connecting.await?;
+            if let hyper_rustls::MaybeHttpsStream::Https(tls) = &conn {
+                tally.count("partner", tls.inner().get_ref().1);
+            }
+            Ok(conn)
+        })
     }
 }

@@ -102,7 +102,8 @@ impl UpstreamPool {
         aic_suffix: &str,
         pools: usize,
     ) -> anyhow::Result<UpstreamPool> {
-        let mut origins = origin::OriginsBuilder::new(u, aic_suffix, pools, None);
+        let tally = crate::metrics::tls::GroupTally::default();
+        let mut origins = origin::OriginsBuilder::new(u, aic_suffix, pools, None, tally);
         UpstreamPool::on(p, u, &mut origins)
     }
 

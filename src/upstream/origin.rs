@@ -26,6 +26,7 @@ use super::idle::Idle;
 use super::HeadFuture;
 use crate::config::{PartnerConfig, PartnerTlsConfig, UpstreamConfig};
 use crate::identity::Aic;
+use crate::metrics::tls::GroupTally;
 use crate::tls::client::partner_client_config;
 
 /// How a Partner's connections are secured, with what its files held at the load.
@@ -112,6 +113,8 @@ impl Origin {
 pub(crate) struct Origins {
     settings: Settings,
     budget: Arc<Budget>,
+    /// Where the Partner handshakes are counted by group.
+    tally: GroupTally,
     by_key: HashMap<OriginKey, Arc<Origin>>,
 }
 
@@ -142,6 +145,7 @@ impl<'a> OriginsBuilder<'a> {
         aic_suffix: &str,
         pools: usize,
         previous: Option<&'a Origins>,
+        tally: GroupTally,
     ) -> OriginsBuilder<'a> {
         // What only the Partners' pools or the budget read does not make origins differ.
         let upstream = UpstreamConfig {
@@ -170,6 +174,7 @@ impl<'a> OriginsBuilder<'a> {
             origins: Origins {
                 settings,
                 budget,
+                tally,
                 by_key: HashMap::new(),
             },
             previous,
@@ -276,16 +281,30 @@ impl<'a> OriginsBuilder<'a> {
         let s = &self.origins.settings;
         let u = &s.upstream;
         let mut tls = match &p.tls {
-            Some(t) => partner_client_config(t, p.aic, &s.aic_suffix, self.revocation.clone())?,
+            Some(t) => partner_client_config(
+                t,
+                p.aic,
+                &s.aic_suffix,
+                self.revocation.clone(),
+                &u.tls_groups,
+            )?,
             None => super::plain_client_config()?,
         };
         let server_name = p.tls.as_ref().and_then(|t| t.server_name.clone());
         if p.http2 {
-            let clients = super::h2::clients(tls, server_name, u, s.pools, &self.origins.budget);
+            let clients = super::h2::clients(
+                tls,
+                server_name,
+                u,
+                s.pools,
+                &self.origins.budget,
+                &self.origins.tally,
+            );
             return Ok(Origin::H2(clients));
         }
         tls.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let endpoint = Endpoint::new(uri, &Arc::new(tls), server_name.as_deref())?;
+        let endpoint = Endpoint::new(uri, &Arc::new(tls), server_name.as_deref())?
+            .counting(self.origins.tally.clone());
         let idle = Arc::new(Idle::new(
             s.pools,
             u.pool_max_idle_per_host,
@@ -341,7 +360,9 @@ mod tests {
 
     /// Each Partner's origins, as pointers, and the table.
     fn build(cfg: &Config, previous: Option<&Origins>) -> (Vec<Vec<*const Origin>>, Origins) {
-        let mut b = OriginsBuilder::new(&cfg.upstream, "acps.pub", cfg.partner_pools(), previous);
+        let tally = GroupTally::default();
+        let pools = cfg.partner_pools();
+        let mut b = OriginsBuilder::new(&cfg.upstream, "acps.pub", pools, previous, tally);
         let each = cfg
             .partners
             .iter()

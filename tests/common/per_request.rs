@@ -16,7 +16,7 @@ impl PerRequest {
         let ca = DevCa::new("bench CA").unwrap();
         let mut roots = rustls::RootCertStore::empty();
         roots.add(ca.cert_der()).unwrap();
-        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let verifier =
             rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
                 .build()

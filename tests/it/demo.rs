@@ -20,7 +20,7 @@ fn dev_leader(name: &str, h2: bool) -> Leader {
         roots.add(c).unwrap();
     }
     let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
+        rustls::crypto::aws_lc_rs::default_provider(),
     ))
     .with_protocol_versions(&[&rustls::version::TLS13])
     .unwrap()
@@ -64,7 +64,8 @@ pub(crate) async fn demo_gateway(
 ) -> SocketAddr {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/aipgw.toml");
     let mut config = Config::load(&path).expect("config/aipgw.toml must load");
-    std::sync::Arc::make_mut(&mut config.partners[0]).upstreams = vec![format!("http://{partner}").parse().unwrap()];
+    std::sync::Arc::make_mut(&mut config.partners[0]).upstreams =
+        vec![format!("http://{partner}").parse().unwrap()];
     configure(&mut config);
     let gateway = Gateway::new(config).expect("dev certificates must load");
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

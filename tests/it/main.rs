@@ -34,6 +34,7 @@ mod streams;
 mod support;
 mod systemd_notify;
 mod timeouts;
+mod tls_groups;
 mod topology_faults;
 mod upgrade;
 mod upgrade_streams;

@@ -400,7 +400,7 @@ pub struct Leader {
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
 pub fn roots(ca: &DevCa) -> rustls::RootCertStore {

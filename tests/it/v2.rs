@@ -411,13 +411,13 @@ async fn a_pinned_partner_is_verified_by_its_aic() {
     let picky_cfg = {
         let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
             std::sync::Arc::new(roots(&other.ca)),
-            std::sync::Arc::new(rustls::crypto::ring::default_provider()),
+            std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider()),
         )
         .build()
         .unwrap();
         std::sync::Arc::new(
             rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
-                rustls::crypto::ring::default_provider(),
+                rustls::crypto::aws_lc_rs::default_provider(),
             ))
             .with_protocol_versions(&[&rustls::version::TLS13])
             .unwrap()

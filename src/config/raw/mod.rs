@@ -14,6 +14,7 @@ mod defaults;
 mod proxy;
 mod revocation;
 mod secrets;
+mod tls;
 
 use defaults::*;
 
@@ -21,6 +22,7 @@ pub use cluster::{RawCluster, RawClusterRateLimit, RawClusterReplay};
 pub use proxy::{ProxyProtocolMode, RawProxyProtocol};
 pub use revocation::RawRevocation;
 pub use secrets::Secrets;
+pub use tls::RawTls;
 
 // Settings enums that belong to the modules acting on them; the file reads them here.
 pub use crate::cluster::{ClusterMode, OnClusterError};
@@ -77,6 +79,9 @@ pub struct RawConfig {
     /// CRLs fetched over HTTP(S) and kept current.
     #[serde(default)]
     pub revocation: RawRevocation,
+    /// Key exchange groups offered on each side.
+    #[serde(default)]
+    pub tls: RawTls,
 }
 
 /// `[runtime]`: read once at start (a reload does not change it).
