@@ -146,7 +146,7 @@ impl Snapshot {
                 .then(|| partner_revocation.clone()),
         );
         // The previous Partners by name: each found by a lookup, not a search.
-        let before: HashMap<&str, &Arc<Partner>> = previous
+        let before: HashMap<&str, &Arc<Partner>, ahash::RandomState> = previous
             .map(|prev| {
                 let all = prev.router.partners();
                 all.iter().map(|p| (p.config.name.as_str(), p)).collect()

@@ -60,9 +60,10 @@ pub(super) async fn run(
         let streams = move || crate::sse::handed::lines(&*g.snapshot().replay, handover::MAX_NAME);
         // SIGUSR2 starts the successor (until this process has handed its sockets over).
         let until_handed = handed(handed_rx.clone());
+        let usr2 = super::upgrade::on_sigusr2();
         background.spawn(async move {
             tokio::select! {
-                () = super::upgrade::on_sigusr2() => {}
+                () = usr2 => {}
                 () = until_handed => {}
             }
         });
@@ -88,6 +89,8 @@ pub(super) async fn run(
         )),
         crate::config::Scheduler::Shared => None,
     };
+    // SIGTERM taken before systemd hears `READY=1` (see `shutdown_signal`).
+    let term = shutdown_signal();
     // systemd (`Type=notify`): ready now that the listening socket accepts; after a
     // take-over, this process is the service's main one from now on.
     match sockets.predecessor {
@@ -103,7 +106,7 @@ pub(super) async fn run(
     tracing::info!(%bind, workers = worker_count, scheduler = ?cfg_scheduler, "aipgw listening");
     let stop = async {
         tokio::select! {
-            _ = shutdown_signal() => {
+            _ = term => {
                 crate::systemd::stopping("draining: in-flight requests finish, then the process exits");
             }
             // Nothing to tell systemd: the successor is its main process now.

@@ -60,24 +60,31 @@ pub(super) fn open_files(cfg: &Config) -> Result<crate::fdlimit::NofileLimit, Fa
 }
 
 /// Completes on Ctrl-C or SIGTERM.
-pub(super) async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// SIGTERM or Ctrl-C. SIGTERM is taken when this is called, not when the future first
+/// runs, so a caller that calls it before saying it is ready drains on a SIGTERM sent at
+/// once instead of meeting the default action.
+pub(super) fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+    async move {
+        let ctrl_c = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        #[cfg(unix)]
+        let term = async move {
+            match term {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
             }
-            Err(_) => std::future::pending::<()>().await,
+        };
+        #[cfg(not(unix))]
+        let term = std::future::pending::<()>();
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term => {}
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
+        tracing::info!("shutting down: draining connections");
     }
-    tracing::info!("shutting down: draining connections");
 }

@@ -23,15 +23,20 @@ fn successor_args(own: impl IntoIterator<Item = OsString>) -> Option<(OsString, 
     Some((program, args))
 }
 
-/// Starts a successor on every `SIGUSR2`, until the future is dropped.
-pub(super) async fn on_sigusr2() {
+/// Starts a successor on every `SIGUSR2`, until the future is dropped. The signal is
+/// taken when this is called, not when the future first runs: the caller calls it before
+/// it tells systemd it is ready, so a `SIGUSR2` sent at once never meets the default
+/// action (the process killed; seen once in a loaded test run).
+pub(super) fn on_sigusr2() -> impl std::future::Future<Output = ()> + Send + 'static {
     let signal = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2());
-    let Ok(mut usr2) = signal else {
-        tracing::warn!("SIGUSR2 unavailable: start `aipgw run --take-over` by hand to upgrade");
-        return std::future::pending().await;
-    };
-    while usr2.recv().await.is_some() {
-        start_successor();
+    async move {
+        let Ok(mut usr2) = signal else {
+            tracing::warn!("SIGUSR2 unavailable: start `aipgw run --take-over` by hand to upgrade");
+            return std::future::pending().await;
+        };
+        while usr2.recv().await.is_some() {
+            start_successor();
+        }
     }
 }
 

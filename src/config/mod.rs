@@ -435,8 +435,8 @@ fn checked_partner(i: usize, p: RawPartner, dotted: &DottedCheck) -> anyhow::Res
 /// No two Partners share a name, or a route (prefix and host). The sets borrow the
 /// checked configs and are sized once, so a fleet of 10,000 costs no rehash or copy.
 fn check_unique_routes(partners: &[std::sync::Arc<PartnerConfig>]) -> anyhow::Result<()> {
-    let mut names = HashSet::with_capacity(partners.len());
-    let mut routes = HashSet::with_capacity(partners.len());
+    let mut names = HashSet::with_capacity_and_hasher(partners.len(), ahash::RandomState::new());
+    let mut routes = HashSet::with_capacity_and_hasher(partners.len(), ahash::RandomState::new());
     for (i, p) in partners.iter().enumerate() {
         let key = || format!("partner[{i}] ({})", p.name);
         if !names.insert(p.name.as_str()) {

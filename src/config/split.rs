@@ -37,7 +37,9 @@ enum Region {
 /// Cuts `text` at its `[[partner]]` tables; `None` when it cannot be sure of the cut
 /// (the caller then parses the whole text).
 pub(crate) fn split(text: &str) -> Option<Parts<'_>> {
-    let tokens: Vec<_> = toml_parser::Source::new(text).lex().collect();
+    // The tokens are read as they are lexed, not collected: a 10,000-Partner file would
+    // make megabytes of them.
+    let mut tokens = toml_parser::Source::new(text).lex().peekable();
     let mut parts = Parts {
         rest: String::with_capacity(1024),
         partners: Vec::new(),
@@ -46,15 +48,13 @@ pub(crate) fn split(text: &str) -> Option<Parts<'_>> {
     let mut start = 0; // where the current region's text starts
     let mut depth = 0usize; // open `[` and `{` of values
     let mut line_start = true;
-    let mut i = 0;
-    while i < tokens.len() {
-        let t = &tokens[i];
+    while let Some(t) = tokens.next() {
         match t.kind() {
             TokenKind::Whitespace | TokenKind::Comment => {}
             TokenKind::Newline => line_start = depth == 0,
             TokenKind::Eof => break,
             TokenKind::LeftSquareBracket if line_start && depth == 0 => {
-                let (header, next) = header(text, &tokens, i)?;
+                let header = header(text, &mut tokens)?;
                 let here = t.span().start();
                 let now = match (header.array, header.keys.as_slice()) {
                     (true, ["partner"]) => Region::Partner,
@@ -74,15 +74,13 @@ pub(crate) fn split(text: &str) -> Option<Parts<'_>> {
                     start = here;
                 }
                 region = now;
-                i = next;
                 line_start = false;
-                continue;
             }
             kind => {
                 if line_start
                     && depth == 0
                     && region == Region::Root
-                    && !bare_key_not_partner(text, t)
+                    && !bare_key_not_partner(text, &t)
                 {
                     return None;
                 }
@@ -96,7 +94,6 @@ pub(crate) fn split(text: &str) -> Option<Parts<'_>> {
                 line_start = false;
             }
         }
-        i += 1;
     }
     close(&mut parts, text, region, start, text.len());
     Some(parts)
@@ -129,23 +126,23 @@ struct Header<'a> {
     keys: Vec<&'a str>,
 }
 
-/// Reads the header that opens at `tokens[i]`; returns it and the index after it, or
-/// `None` for anything but bare keys joined by dots.
+/// Reads the rest of a header whose first `[` was just read; `None` for anything but
+/// bare keys joined by dots.
 fn header<'a>(
     text: &'a str,
-    tokens: &[toml_parser::lexer::Token],
-    i: usize,
-) -> Option<(Header<'a>, usize)> {
-    let kind = |j: usize| tokens.get(j).map(|t| t.kind());
-    let array = kind(i + 1) == Some(TokenKind::LeftSquareBracket);
-    let mut j = i + 1 + usize::from(array);
+    tokens: &mut std::iter::Peekable<toml_parser::lexer::Lexer<'_>>,
+) -> Option<Header<'a>> {
+    let array = tokens
+        .next_if(|t| t.kind() == TokenKind::LeftSquareBracket)
+        .is_some();
     let mut keys = Vec::new();
     let mut want_key = true;
     loop {
-        match kind(j)? {
+        let t = tokens.next()?;
+        match t.kind() {
             TokenKind::Whitespace => {}
             TokenKind::Atom if want_key => {
-                let s = tokens[j].span();
+                let s = t.span();
                 keys.push(&text[s.start()..s.end()]);
                 want_key = false;
             }
@@ -153,19 +150,15 @@ fn header<'a>(
             TokenKind::RightSquareBracket if !want_key => break,
             _ => return None,
         }
-        j += 1;
     }
-    if array {
-        j += 1;
-        if kind(j)? != TokenKind::RightSquareBracket {
-            return None;
-        }
+    if array && tokens.next()?.kind() != TokenKind::RightSquareBracket {
+        return None;
     }
     // An atom holding a dot (`a.b` lexed as one) is not a bare key: give up.
     if keys.iter().any(|k| k.contains('.')) {
         return None;
     }
-    Some((Header { array, keys }, j + 1))
+    Some(Header { array, keys })
 }
 
 #[cfg(test)]

@@ -361,8 +361,37 @@ async fn not_taken(pki: &Pki, cert: &Issued, reason: &str, hard_too: bool) {
             (-32010, "revocation_status_unknown".into()),
             "{reason}"
         );
-        assert!(counter(&hard, &error_key(reason)).await >= 1.0);
+        wait_counter(&hard, &error_key(reason), 0.0).await;
     }
+}
+
+/// A responder that takes connections and never answers.
+async fn silent() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((tcp, _)) = listener.accept().await {
+            held.push(tcp);
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_responder_answering_garbage_passes_under_soft_and_refuses_under_hard() {
+    let pki = Pki::new();
+    let garbage = serving(b"\x30\x03not an OCSP response".to_vec()).await;
+    let cert = leader_cert(&pki, LEADER_A, SERIAL, &format!("http://{garbage}/ocsp"));
+    not_taken(&pki, &cert, "malformed", true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_responder_passes_under_soft_and_refuses_under_hard_within_the_timeout() {
+    let pki = Pki::new();
+    let slow = silent().await;
+    let cert = leader_cert(&pki, LEADER_A, SERIAL, &format!("http://{slow}/ocsp"));
+    not_taken(&pki, &cert, "timeout", true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
