@@ -2,7 +2,8 @@
 """Checks the deployment files under deploy/ (run by .ci/run; README.md, "systemd" and
 "Kubernetes").
 
-  check.py systemd    [--binary PATH]   systemd-analyze verify and security, sysusers
+  check.py systemd    [--binary PATH]   systemd-analyze verify (the service and its socket
+                                        units) and security, sysusers
   check.py kubernetes [--binary PATH]   schemas, the kustomization's list, the manifests
                                         against each other, and the ConfigMap's config run
                                         by the gateway from folders laid out as the kubelet
@@ -33,6 +34,8 @@ SYSTEMD = ROOT / "deploy/systemd"
 KUBE = ROOT / "deploy/kubernetes"
 # The unit's ExecStart binary; verify needs it to exist, so a copy points at the build.
 UNIT_BINARY = "/usr/local/bin/aipgw"
+# The socket units (socket activation, README.md "systemd"), verified beside the service.
+SOCKETS = ["aipgw.socket", "aipgw-admin.socket"]
 # The highest exposure `systemd-analyze security --offline=yes` may give (README.md).
 EXPOSURE_MAX = {"aipgw.service": 1.4, "aipgw.service + low-port.conf": 1.5}
 # The Kubernetes versions the manifests are validated for: the oldest they need (the
@@ -110,6 +113,17 @@ def systemd(binary):
             check(score is not None and score <= EXPOSURE_MAX[name],
                   f"systemd-analyze security --offline=yes {name}: exposure {score} "
                   f"(at most {EXPOSURE_MAX[name]})")
+        # The socket units (socket activation), beside the service they name.
+        for sock in SOCKETS:
+            shutil.copy(SYSTEMD / sock, tmp / sock)
+            r = subprocess.run([analyze, "verify", sock], cwd=tmp, capture_output=True, text=True)
+            said = (r.stdout + r.stderr).strip()
+            check(r.returncode == 0 and not said, f"systemd-analyze verify {sock}: {said or 'clean'}")
+            text = (SYSTEMD / sock).read_text()
+            name = re.search(r"^FileDescriptorName=(\S+)$", text, re.M)
+            check(name and name[1] in ("listener", "admin") and
+                  re.search(r"^Service=aipgw\.service$", text, re.M),
+                  f"{sock} names its socket listener or admin and passes it to aipgw.service")
     sysusers = shutil.which("systemd-sysusers")
     if not sysusers:
         print("skip sysusers: no systemd-sysusers on this machine")

@@ -24,6 +24,18 @@ pub fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    // The sockets systemd passed (socket activation), taken and their variables removed
+    // while this is the only thread.
+    let activated = match &cli.command {
+        Command::Run { .. } => match crate::server::activation::from_env() {
+            Ok(a) => a,
+            Err(e) => {
+                eprintln!("aipgw: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        },
+        _ => None,
+    };
     // `run` and `demo` log as their config says; a bad config is reported before that.
     let path = match &cli.command {
         Command::Run { config, .. } => Some(config),
@@ -75,7 +87,7 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(dispatch(cli.command, config, at_load)) {
+    match runtime.block_on(dispatch(cli.command, config, at_load, activated)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure(code, e)) => {
             eprintln!("aipgw: {e:#}");
@@ -104,11 +116,12 @@ async fn dispatch(
     command: Command,
     config: Option<Config>,
     at_load: Option<crate::reload::AtLoad>,
+    activated: Option<crate::server::activation::Activated>,
 ) -> Result<(), Failure> {
     match command {
         Command::Run { take_over, .. } => {
             let cfg = config.ok_or_else(|| usage(anyhow::anyhow!("no config")))?;
-            super::run::run(cfg, at_load, take_over).await
+            super::run::run(cfg, at_load, take_over, activated).await
         }
         Command::Check { config } => {
             let cfg = Config::load(&config).map_err(failed)?;

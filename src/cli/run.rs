@@ -1,5 +1,6 @@
-//! `aipgw run`: the gateway's sockets (bound here, or taken over from the running
-//! process: `crate::server::handover`), the work beside the listener, the listener until
+//! `aipgw run`: the gateway's sockets (bound here, passed by systemd:
+//! `crate::server::activation`, or taken over from the running process:
+//! `crate::server::handover`), the work beside the listener, the listener until
 //! SIGTERM or a hand-over to a new process, then the ordered stop.
 
 use std::net::SocketAddr;
@@ -11,6 +12,7 @@ use tokio::sync::watch;
 
 use super::shared::{failed, open_files, shared_store, shutdown_signal, usage, Failure};
 use crate::config::{Config, ListenerConfig};
+use crate::server::activation::Activated;
 use crate::server::handover::{self, Control, Offered, Predecessor};
 
 /// The sockets `run` serves on.
@@ -29,6 +31,7 @@ pub(super) async fn run(
     cfg: Config,
     at_load: Option<crate::reload::AtLoad>,
     take_over: bool,
+    activated: Option<Activated>,
 ) -> Result<(), Failure> {
     let (bind, admin_bind) = (cfg.listener.bind, cfg.admin_bind);
     let (cfg_scheduler, worker_count) = (cfg.scheduler, cfg.workers());
@@ -40,7 +43,7 @@ pub(super) async fn run(
         (p, cfg.reload_watch, cfg.reload_debounce, at_load)
     });
     open_files(&cfg)?;
-    let sockets = sockets(&cfg.listener, admin_bind, take_over).await?;
+    let sockets = sockets(&cfg.listener, admin_bind, take_over, activated).await?;
     let gateway = crate::Gateway::new(cfg).map_err(usage)?;
     shared_store(&gateway, false).await.map_err(usage)?;
     // Set once a successor serves on these sockets: this process stops accepting.
@@ -182,28 +185,45 @@ fn dup(listener: &TcpListener) -> Result<std::os::fd::OwnedFd, Failure> {
         .map_err(|e| failed(e.into()))
 }
 
-/// The listening sockets: taken over from the running gateway (`--take-over`), or bound,
-/// with the control socket if `listener.handover_socket` is set.
+/// The listening sockets: taken over from the running gateway (`--take-over`), passed by
+/// systemd (socket activation, `server::activation`), or bound, with the control socket
+/// if `listener.handover_socket` is set.
 async fn sockets(
     l: &ListenerConfig,
     admin_bind: Option<SocketAddr>,
     take_over: bool,
+    activated: Option<Activated>,
 ) -> Result<Sockets, Failure> {
     let path = l.handover_socket.as_deref();
     if !take_over {
-        let main = TcpListener::bind(l.bind)
-            .await
-            .map_err(|e| failed(anyhow::anyhow!("cannot bind {}: {e}", l.bind)))?;
+        let activated = activated.unwrap_or_default();
+        let tokio =
+            |l: std::net::TcpListener| TcpListener::from_std(l).map_err(|e| failed(e.into()));
+        let main = match activated.listener {
+            Some(s) => tokio(passed(s, "listener.bind", Some(l.bind))?)?,
+            None => TcpListener::bind(l.bind)
+                .await
+                .map_err(|e| failed(anyhow::anyhow!("cannot bind {}: {e}", l.bind)))?,
+        };
+        let admin = activated
+            .admin
+            .map(|s| passed(s, "admin.bind", admin_bind))
+            .transpose()?;
         let control = match path {
             Some(p) => Some(Control::bind(p).await.map_err(failed)?),
             None => None,
         };
         return Ok(Sockets {
             main,
-            admin: None,
+            admin: admin.map(tokio).transpose()?,
             control,
             predecessor: None,
         });
+    }
+    if activated.is_some() {
+        return Err(usage(anyhow::anyhow!(
+            "--take-over: systemd passed listening sockets (socket activation): a take-over takes them from the running gateway instead"
+        )));
     }
     let path = path.ok_or_else(|| {
         usage(anyhow::anyhow!(
@@ -232,6 +252,27 @@ async fn sockets(
         control: Some(got.control),
         predecessor: Some(got.predecessor),
     })
+}
+
+/// A socket systemd passed for the config's `field` (`bind`), checked to listen there.
+fn passed(
+    s: std::net::TcpListener,
+    field: &str,
+    bind: Option<SocketAddr>,
+) -> Result<std::net::TcpListener, Failure> {
+    let addr = s.local_addr().map_err(|e| failed(e.into()))?;
+    match bind {
+        Some(b) if same(addr, b) => {
+            tracing::info!(%addr, field, "listening socket from systemd (socket activation)");
+            Ok(s)
+        }
+        Some(b) => Err(usage(anyhow::anyhow!(
+            "systemd socket activation: the socket passed for {field} listens on {addr}, {field} is {b}: make the socket unit's ListenStream= and the config name the same address"
+        ))),
+        None => Err(usage(anyhow::anyhow!(
+            "systemd socket activation: a socket passed for {field} ({addr}), and the config sets no {field}"
+        ))),
+    }
 }
 
 /// Whether a socket bound to `addr` is the one a config naming `bind` asks for (port 0:

@@ -218,12 +218,6 @@ pub async fn take_over(path: &Path, timeout: Duration) -> anyhow::Result<Inherit
     let (Some(main), Some(control)) = (fds.next(), fds.next()) else {
         bail!("{}: fewer sockets than a hand-over sends", at());
     };
-    let listener = |fd: OwnedFd| -> std::io::Result<std::net::TcpListener> {
-        let l = std::net::TcpListener::from(fd);
-        l.local_addr()?;
-        l.set_nonblocking(true)?;
-        Ok(l)
-    };
     let control = std::os::unix::net::UnixListener::from(control);
     control.set_nonblocking(true)?;
     Ok(Inherited {
@@ -238,6 +232,15 @@ pub async fn take_over(path: &Path, timeout: Duration) -> anyhow::Result<Inherit
             pid,
         },
     })
+}
+
+/// An inherited descriptor (taken over, or passed by systemd: `server::activation`) as
+/// a non-blocking TCP listener; an error if it has no TCP address.
+pub(crate) fn listener(fd: OwnedFd) -> std::io::Result<std::net::TcpListener> {
+    let l = std::net::TcpListener::from(fd);
+    l.local_addr()?;
+    l.set_nonblocking(true)?;
+    Ok(l)
 }
 
 /// What the old process said once told this one serves.

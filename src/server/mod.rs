@@ -44,6 +44,7 @@ use crate::ratelimit::concurrency::{KeyedCounts, KeyedPermit};
 use crate::timers::HeadTimer;
 use crate::workers::Workers;
 
+pub mod activation;
 mod connection;
 // SCM_RIGHTS over a Unix socket; the crate refuses other targets (lib.rs).
 #[cfg(unix)]

@@ -29,6 +29,7 @@ mod redis_topologies;
 mod reload;
 mod revocation;
 mod sdk;
+mod socket_activation;
 mod stapling;
 mod streams;
 mod support;

@@ -45,13 +45,16 @@ impl Proc {
         extra: &[&str],
         env: &[(&str, &std::ffi::OsStr)],
     ) -> (Proc, std::sync::mpsc::Receiver<String>) {
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_aipgw"))
-            .args(["run", "--config", config.to_str().unwrap()])
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_aipgw"));
+        cmd.args(["run", "--config", config.to_str().unwrap()])
             .args(extra)
-            .envs(env.iter().copied())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+            .envs(env.iter().copied());
+        Proc::spawn(&mut cmd)
+    }
+
+    /// `cmd` started, its log lines (stderr) sent to the returned channel.
+    pub fn spawn(cmd: &mut std::process::Command) -> (Proc, std::sync::mpsc::Receiver<String>) {
+        let mut child = cmd.stderr(std::process::Stdio::piped()).spawn().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         let stderr = child.stderr.take().unwrap();
         std::thread::spawn(move || {

@@ -231,7 +231,9 @@ pub enum AipVersion {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawListener {
-    /// Address to listen on.
+    /// Address to listen on. Under systemd socket activation (`aipgw.socket`), the
+    /// address of the socket named `listener` systemd passes (`server::activation`): a
+    /// socket at another address is refused at start (any port when this one's is 0).
     pub bind: String,
     /// Server certificate chain (PEM).
     pub cert: PathBuf,
@@ -648,6 +650,8 @@ pub struct RawPartnerTls {
 #[serde(default)]
 pub struct RawAdmin {
     /// Plain-HTTP address of `/healthz`, `/readyz`, `/metrics`; `""` turns it off.
+    /// Under systemd socket activation (`aipgw-admin.socket`), the address of the socket
+    /// named `admin` systemd passes; such a socket with this off is refused at start.
     pub bind: String,
     /// Which Partners get `/metrics` series of their own: `"all"`, `"none"`, the first N
     /// in the file's order (a number), or a list of names; the others are counted
