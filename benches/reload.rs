@@ -4,8 +4,6 @@
 //! Partners on one origin. The two figures' ratio is what matters: linear is 10x.
 #![allow(missing_docs)]
 
-use std::path::Path;
-
 // The gateway binary's allocator: a reload's cost is mostly allocation, and glibc's
 // malloc spends its time consolidating a heap this size.
 #[global_allocator]
@@ -13,20 +11,17 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 use std::time::Duration;
 
-use aipgw::devcerts::{CertSpec, DevCa};
+#[path = "support/fleet.rs"]
+mod support;
 use criterion::measurement::{Measurement, ValueFormatter};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use support::{certs, fleet, thread_cpu};
 
 /// The bench thread's CPU time (a reload runs on the calling thread, the old snapshot's
 /// frees included). On a shared machine, wall time counts other processes' turns on the
 /// core and moves the 1,000-Partner figure by tens of percent between runs; CPU time
 /// does not, so the ratio compares the work done.
 struct ThreadCpu;
-
-fn thread_cpu() -> Duration {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
-}
 
 impl Measurement for ThreadCpu {
     type Intermediate = Duration;
@@ -73,28 +68,9 @@ impl ValueFormatter for Millis {
     }
 }
 
-/// A config of `n` Partners in `dir`, with the certificates it names.
-fn fleet(dir: &Path, n: usize) -> std::path::PathBuf {
-    let mut text = String::from(
-        "[listener]\nbind = \"127.0.0.1:0\"\ncert = \"gateway.pem\"\nkey = \"gateway.key\"\nclient_ca = [\"ca.pem\"]\nmax_connections = 1000\n[runtime]\nworker_threads = 1\n[reload]\nwatch = false\n"
-    );
-    for i in 0..n {
-        text.push_str(&format!(
-            "[[partner]]\nname = \"p{i}\"\nprefix = \"/p{i}\"\nupstreams = [\"http://127.0.0.1:9000\"]\n[partner.limits]\nmax_in_flight = 100\nrate = 1000.0\n"
-        ));
-    }
-    let path = dir.join(format!("fleet-{n}.toml"));
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
 fn reload(c: &mut Criterion<ThreadCpu>) {
     let dir = tempfile::tempdir().unwrap();
-    let ca = DevCa::new("bench CA").unwrap();
-    let server = ca.issue(&CertSpec::server(&["localhost"])).unwrap();
-    std::fs::write(dir.path().join("ca.pem"), ca.cert_pem()).unwrap();
-    std::fs::write(dir.path().join("gateway.pem"), &server.cert_pem).unwrap();
-    std::fs::write(dir.path().join("gateway.key"), &server.key_pem).unwrap();
+    certs(dir.path());
     let mut group = c.benchmark_group("reload");
     // Ten samples over 15 s of CPU time: enough iterations that the 1,000-Partner figure
     // (a few milliseconds) does not move the ratio by itself.

@@ -7,31 +7,15 @@
 //!
 //!     cargo bench --bench reload_ratio
 #![allow(missing_docs)]
-use aipgw::devcerts::{CertSpec, DevCa};
+#[path = "support/fleet.rs"]
+mod support;
 use std::time::Duration;
+use support::{certs, fleet, thread_cpu as cpu};
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-fn cpu() -> Duration {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
-}
-/// A config of `n` Partners in `dir` (as in `benches/reload.rs`).
-fn fleet(dir: &std::path::Path, n: usize) -> std::path::PathBuf {
-    let mut text = String::from("[listener]\nbind = \"127.0.0.1:0\"\ncert = \"gateway.pem\"\nkey = \"gateway.key\"\nclient_ca = [\"ca.pem\"]\nmax_connections = 1000\n[runtime]\nworker_threads = 1\n[reload]\nwatch = false\n");
-    for i in 0..n {
-        text.push_str(&format!("[[partner]]\nname = \"p{i}\"\nprefix = \"/p{i}\"\nupstreams = [\"http://127.0.0.1:9000\"]\n[partner.limits]\nmax_in_flight = 100\nrate = 1000.0\n"));
-    }
-    let path = dir.join(format!("fleet-{n}.toml"));
-    std::fs::write(&path, text).unwrap();
-    path
-}
 fn main() {
     let dir = tempfile::tempdir().unwrap();
-    let ca = DevCa::new("bench CA").unwrap();
-    let server = ca.issue(&CertSpec::server(&["localhost"])).unwrap();
-    std::fs::write(dir.path().join("ca.pem"), ca.cert_pem()).unwrap();
-    std::fs::write(dir.path().join("gateway.pem"), &server.cert_pem).unwrap();
-    std::fs::write(dir.path().join("gateway.key"), &server.key_pem).unwrap();
+    certs(dir.path());
     let mut gw = vec![];
     for n in [1000, 10000] {
         let path = fleet(dir.path(), n);
