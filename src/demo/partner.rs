@@ -211,12 +211,7 @@ impl DemoPartner {
             ("continue" | "cancel" | "complete", _) => {} // ignored in this state
             _ => return rpc_error(id, -32004, "Unsupported operation"),
         }
-        if let Some(w) = self
-            .watchers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(task_id)
-        {
+        if let Some(w) = crate::sync::lock(&self.watchers).get(task_id) {
             let _ = w.send(task.state);
         }
         rpc_result(id, task.to_json(generation))
@@ -324,10 +319,7 @@ impl DemoPartner {
             return Ok(());
         };
         tx.send(event(chunks + 3, status(state))).await?;
-        self.watchers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&task_id);
+        crate::sync::lock(&self.watchers).remove(&task_id);
         Ok(())
     }
 

@@ -472,11 +472,7 @@ impl TaskOwners for MemoryTaskOwners {
     }
 
     fn len(&self) -> usize {
-        self.inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .map
-            .len()
+        crate::sync::lock(&self.inner).map.len()
     }
 }
 

@@ -160,10 +160,7 @@ impl IdleConns {
     pub(super) fn register(&self, a: &Arc<Activity>) -> Registered<'_> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let shard = &self.shards[crate::workers::slot(self.shards.len())];
-        shard
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, a.clone());
+        crate::sync::lock(shard).insert(id, a.clone());
         Registered { shard, id }
     }
 

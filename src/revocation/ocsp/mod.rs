@@ -300,10 +300,7 @@ impl Ocsp {
 
     /// The queue's receiving end, once (for [`run`]).
     pub(crate) fn take_queue(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<Arc<Subject>>> {
-        self.receiver
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
+        crate::sync::lock(&self.receiver).take()
     }
 
     /// A query on `subject` ended at `now` (Unix seconds).
