@@ -15,18 +15,7 @@ pub(crate) fn slot(key: &[u8]) -> u16 {
         let close = key[open + 1..].iter().position(|&b| b == b'}')?;
         (close > 0).then(|| &key[open + 1..open + 1 + close])
     });
-    let mut crc: u16 = 0;
-    for &b in tagged.unwrap_or(key) {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc % SLOTS
+    crate::identity::aic::crc16_1021(0, &[tagged.unwrap_or(key)]) % SLOTS
 }
 
 /// Records the slot of the first key of ours a command carries (keys start with

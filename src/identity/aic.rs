@@ -100,7 +100,14 @@ pub fn check_code(body: &[u8]) -> Option<u32> {
 
 /// CRC-16/CCITT-FALSE (poly 0x1021, init 0xFFFF, no reflection, no final xor).
 fn crc16_ccitt_false(parts: &[&[u8]]) -> u16 {
-    let mut crc: u16 = 0xFFFF;
+    crc16_1021(0xFFFF, parts)
+}
+
+/// CRC-16 with polynomial 0x1021, no reflection and no final xor, from `init` over
+/// `parts` in turn: CCITT-FALSE from 0xFFFF (the dotted check code), XMODEM from 0 (Redis
+/// Cluster's key slots, `cluster::slots`).
+pub(crate) fn crc16_1021(init: u16, parts: &[&[u8]]) -> u16 {
+    let mut crc: u16 = init;
     for &b in parts.iter().flat_map(|p| p.iter()) {
         crc ^= u16::from(b) << 8;
         for _ in 0..8 {
