@@ -177,12 +177,12 @@ async fn a_master_killed_under_load() {
     }
     first.disconnect();
     let events = format!("rs:{{rs:replay:1:p:{recorded}}}:events");
-    until("the copy written", Duration::from_secs(5), || {
+    until("the copy written", Duration::from_secs(15), || {
         (cluster.cmd(&["XLEN", &events]) == redis::Value::Int(20)).then_some(())
     })
     .await;
     let meta = format!("rs:{{rs:replay:1:p:{recorded}}}:meta");
-    until("the replica caught up", Duration::from_secs(10), || {
+    until("the replica caught up", Duration::from_secs(30), || {
         (caught_up(&cluster.nodes[m], &cluster.nodes[replica])
             && replica_has(&cluster.nodes[replica], &meta))
         .then_some(())
@@ -292,7 +292,7 @@ async fn a_master_killed_under_load() {
     );
 
     // The owner the new master never had, written back by A; B refuses another AIC.
-    until("the owner written back", Duration::from_secs(5), || {
+    until("the owner written back", Duration::from_secs(15), || {
         (cluster.cmd(&["GET", &owner_key]) == owner).then_some(())
     })
     .await;
