@@ -10,8 +10,11 @@
 //! more, the open connections drained or cut), [`Background::shutdown`] stops the rest in
 //! order:
 //!
-//! 1. the replay writer's queue is flushed (within `cluster.replay.flush_timeout`), so
-//!    the ends of the streams the drain closed reach Redis, and the writer stops;
+//! 1. the closing signal is raised (the drain raised it already if its time ran out):
+//!    a Partner stream still recorded with no Leader on it (within `detach_timeout`)
+//!    ends `shutting_down` too, rather than being cut unannounced when the workers stop;
+//!    then the replay writer waits for every recording's end and flushes its queue
+//!    (within `cluster.replay.flush_timeout`), so those ends reach Redis, and stops;
 //! 2. the loops stop: until then stream leases, replay leases and task owners were kept
 //!    alive in Redis, for the streams the drain was still serving;
 //! 3. the services stop (the admin listener answered `/readyz` with 503 all along).
@@ -44,6 +47,8 @@ pub struct Background {
     loops: JoinSet<()>,
     /// The admin listener, the reload watcher.
     services: JoinSet<()>,
+    /// The gateway's closing signal (shared by every snapshot).
+    closing: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl Background {
@@ -77,6 +82,7 @@ impl Background {
             writer,
             loops,
             services: JoinSet::new(),
+            closing: snap.closing.clone(),
         }
     }
 
@@ -90,6 +96,7 @@ impl Background {
     /// drained; the steps taken, in order.
     pub async fn shutdown(mut self) -> Vec<Step> {
         let mut steps = Vec::with_capacity(3);
+        self.closing.send_replace(true);
         if let Some((writer, cluster)) = self.writer.take() {
             cluster
                 .replay_flushed(cluster.settings().replay.flush_timeout)

@@ -113,6 +113,9 @@ pub(crate) struct Mirror {
     /// stream's copy): the queue is flushed when the second catches up with the first.
     queued: AtomicU64,
     handled: AtomicU64,
+    /// Recordings whose end is not queued yet: the flush at shutdown waits for their
+    /// ends (the closing signal makes them) before it counts the queue.
+    unfinished: AtomicU64,
 }
 
 impl Mirror {
@@ -125,6 +128,7 @@ impl Mirror {
             next: AtomicU64::new(0),
             queued: AtomicU64::new(0),
             handled: AtomicU64::new(0),
+            unfinished: AtomicU64::new(0),
         }
     }
 
@@ -154,13 +158,22 @@ impl Cluster {
         lock(&self.mirror.live).insert(stream.reg, Arc::downgrade(stream));
     }
 
-    /// Waits (at most `within`) until the write queue is empty, so the ends of the
-    /// streams closed at shutdown reach Redis.
+    /// Waits (at most `within`) until every recording has queued its end and the write
+    /// queue is empty, so the ends of the streams closed at shutdown reach Redis.
     ///
     /// Flushed means handled, not merely taken off the queue: a batch the writer holds
     /// is waited for too (stopping the writer then would cut its round trip).
     pub(crate) async fn replay_flushed(&self, within: Duration) {
         let deadline = tokio::time::Instant::now() + within;
+        // First the recordings' ends: a recorder task reacts to the closing signal on its
+        // own worker, possibly after the listener returned; counting the queue before its
+        // end is queued would stop the writer with the end unwritten (the copy would then
+        // lose its recorder unannounced).
+        while self.mirror.unfinished.load(Ordering::Acquire) > 0
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let queued = self.mirror.queued.load(Ordering::Acquire);
         while self.mirror.handled.load(Ordering::Acquire) < queued
             && tokio::time::Instant::now() < deadline
@@ -192,6 +205,28 @@ pub(crate) struct Mirrored {
     inner: Arc<dyn StreamRecord>,
     stream: Arc<MirrorStream>,
     cluster: Arc<Cluster>,
+    /// Its end was queued (or it was dropped without one): no longer counted in
+    /// `Mirror::unfinished`.
+    done: AtomicBool,
+}
+
+impl Mirrored {
+    /// Leaves `Mirror::unfinished`, once.
+    fn done(&self) {
+        if !self.done.swap(true, Ordering::AcqRel) {
+            self.cluster
+                .mirror
+                .unfinished
+                .fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for Mirrored {
+    /// A recording dropped without its end (its task cancelled) has no end to wait for.
+    fn drop(&mut self) {
+        self.done();
+    }
 }
 
 /// Wraps a record just opened for `key`, so its events are written to Redis too.
@@ -224,10 +259,12 @@ pub(crate) fn mirrored(
     };
     lock(&cluster.mirror.live).insert(reg, Arc::downgrade(&stream));
     cluster.enqueue(op);
+    cluster.mirror.unfinished.fetch_add(1, Ordering::AcqRel);
     Arc::new(Mirrored {
         inner,
         stream,
         cluster: cluster.clone(),
+        done: AtomicBool::new(false),
     })
 }
 
@@ -281,6 +318,7 @@ impl StreamRecord for Mirrored {
             id,
             reason,
         });
+        self.done();
     }
 
     fn is_finished(&self) -> bool {

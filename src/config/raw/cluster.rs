@@ -140,8 +140,8 @@ pub struct RawClusterReplay {
     /// Leaders followed from Redis at once by this instance (one Redis connection each);
     /// past it, re-streams are forwarded to the Partner.
     pub max_remote_followers: usize,
-    /// At shutdown, how long the gateway waits for the write queue to empty (so the ends
-    /// of the streams the drain closed reach Redis).
+    /// At shutdown, how long the gateway waits for every recording's end to be queued and
+    /// the write queue to empty (so the ends of the streams the drain closed reach Redis).
     #[serde(with = "humantime_serde")]
     pub flush_timeout: Duration,
 }
