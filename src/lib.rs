@@ -55,7 +55,8 @@
 //!   `conn`, `idle`: connections and those kept between requests; `h1`: a request on its
 //!   own task) and hyper's for HTTP/2 Partners (`h2`); one pool per origin, shared by the
 //!   Partners there (`origin`), every connection within one budget (`budget`:
-//!   `upstream.max_connections`); timeouts and failures named.
+//!   `upstream.max_connections`), its Partner's revocation verdict judged again before
+//!   each request when it may have changed (`trust`); timeouts and failures named.
 //! - `answer`: a Partner's answer judged: relayed, or `upstream_bad_response`.
 //! - [`layers`]: the request path as tower layers over an `Exchange`, tying the above
 //!   together; `layers::streams` serves the `stream` method (buffered relay,

@@ -19,10 +19,17 @@
 //! ([`Ocsp::gate_subject`]); a standing `revoked` answer refuses, a missing one is queued
 //! for the background task. A handshake never waits for the network: under `soft` it
 //! goes on, under `hard` it fails (`revocation status unknown`) and a connection made
-//! once the answer is in passes. A connection already in a pool is not closed by a later
-//! revocation; it serves until the pool drops it (`upstream.pool_idle_timeout`).
+//! once the answer is in passes.
+//!
+//! A connection made before a revocation is seen is judged again: [`PartnerRevocation::epoch`]
+//! moves whenever the CRLs are indexed anew or an OCSP query settles, and a pooled
+//! connection whose judgement is older than that (or than a second, for answers and CRLs
+//! that run out with the clock) is judged again before it carries another request
+//! (`upstream::trust`); a revoked one is closed, and the request takes a new connection,
+//! whose handshake is refused.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -75,6 +82,8 @@ pub struct PartnerRevocation {
     issuers: ArcSwap<Vec<CertificateDer<'static>>>,
     ocsp: Arc<Ocsp>,
     presented: Arc<Presented>,
+    /// CRL indexes built so far.
+    indexed: AtomicU64,
 }
 
 impl std::fmt::Debug for PartnerRevocation {
@@ -94,7 +103,14 @@ impl PartnerRevocation {
             issuers: ArcSwap::from_pointee(Vec::new()),
             ocsp,
             presented,
+            indexed: AtomicU64::new(0),
         }
+    }
+
+    /// Moves whenever a verdict may have changed: the CRLs indexed anew, or an OCSP query
+    /// settled. A judgement made under an older epoch is made again.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.indexed.load(Ordering::Acquire) + self.ocsp.settled_count()
     }
 
     /// Offers a Partner certificate's distribution points (after its chain and pin
@@ -149,6 +165,7 @@ impl PartnerRevocation {
                 });
         }
         self.crls.store(Arc::new(index));
+        self.indexed.fetch_add(1, Ordering::AcqRel);
     }
 
     /// The CRL verdict on `leaf` at `now` (Unix seconds).

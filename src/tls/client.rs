@@ -31,14 +31,15 @@ pub(crate) struct PartnerAicMismatch {
 }
 
 /// Builds the client config for one Partner; its certificate's revocation status is
-/// judged with `revocation` (when given); it offers `groups`.
+/// judged with `revocation` (when given), and the same check is returned, to judge its
+/// connections again later (`upstream::trust`); it offers `groups`.
 pub(crate) fn partner_client_config(
     tls: &PartnerTlsConfig,
     expected_aic: Option<Aic>,
     aic_suffix: &str,
     revocation: Option<Arc<PartnerRevocation>>,
     groups: &Groups,
-) -> anyhow::Result<ClientConfig> {
+) -> anyhow::Result<(ClientConfig, Option<Arc<PartnerCheck>>)> {
     let mut roots = RootCertStore::empty();
     let cas = pem::load_certs(&tls.ca)?;
     for cert in &cas {
@@ -53,17 +54,20 @@ pub(crate) fn partner_client_config(
     // Reference Partner certificates name only their AIC: with a pinned AIC and no
     // `server_name`, the AIC claim is the name that is verified, not the URL's host.
     let by_aic = expected_aic.is_some() && tls.server_name.is_none();
-    let checked = revocation.is_some();
+    let check = revocation.map(|r| {
+        Arc::new(PartnerCheck(Revocation {
+            check: r,
+            cas,
+            subject: std::sync::Mutex::new(None),
+        }))
+    });
+    let checked = check.is_some();
     let verifier = Arc::new(PartnerVerifier {
         inner,
         roots: by_aic.then_some(roots),
         expected_aic,
         aic_suffix: aic_suffix.to_owned(),
-        revocation: revocation.map(|r| Revocation {
-            check: r,
-            cas,
-            subject: std::sync::Mutex::new(None),
-        }),
+        revocation: check.clone(),
     });
     let builder = ClientConfig::builder_with_provider(super::provider::with_groups(groups))
         .with_protocol_versions(&[&rustls::version::TLS13])
@@ -81,7 +85,29 @@ pub(crate) fn partner_client_config(
         // A resumed session skips the certificate check: every connection is judged.
         config.resumption = rustls::client::Resumption::disabled();
     }
-    Ok(config)
+    Ok((config, check))
+}
+
+/// A Partner's revocation check, as its handshakes make it, to judge a connection made
+/// earlier again.
+#[derive(Debug)]
+pub(crate) struct PartnerCheck(Revocation);
+
+impl PartnerCheck {
+    /// Moves whenever a verdict may have changed (see `PartnerRevocation::epoch`).
+    pub(crate) fn epoch(&self) -> u64 {
+        self.0.check.epoch()
+    }
+
+    /// The verdict, now, on the certificate chain a Partner presented (end entity first).
+    pub(crate) fn rejudge(&self, chain: &[CertificateDer<'_>]) -> Result<(), PartnerRevoked> {
+        match chain.split_first() {
+            Some((end_entity, intermediates)) => {
+                self.0.judge(end_entity, intermediates, UnixTime::now())
+            }
+            None => Ok(()), // a TLS 1.3 server always presents one; nothing to judge
+        }
+    }
 }
 
 /// WebPKI server verification, then the Partner AIC pin.
@@ -92,7 +118,7 @@ struct PartnerVerifier {
     roots: Option<Arc<RootCertStore>>,
     expected_aic: Option<Aic>,
     aic_suffix: String,
-    revocation: Option<Revocation>,
+    revocation: Option<Arc<PartnerCheck>>,
 }
 
 /// A Partner verifier's revocation check.
@@ -191,7 +217,7 @@ impl ServerCertVerifier for PartnerVerifier {
             }
         }
         if let Some(r) = &self.revocation {
-            if let Err(why) = r.judge(end_entity, intermediates, now) {
+            if let Err(why) = r.0.judge(end_entity, intermediates, now) {
                 tracing::warn!(server = ?server_name, reason = %why, "Partner certificate refused");
                 return Err(TlsError::InvalidCertificate(CertificateError::Other(
                     rustls::OtherError(Arc::new(why)),

@@ -241,8 +241,9 @@ mod tests {
             server_name: None,
         };
         let groups = &cfg.upstream.tls_groups;
-        let client =
-            crate::tls::client::partner_client_config(&partner, None, "x", None, groups).unwrap();
+        let client = crate::tls::client::partner_client_config(&partner, None, "x", None, groups)
+            .unwrap()
+            .0;
         let ours = provider();
         let suites =
             |p: &CryptoProvider| -> Vec<_> { p.cipher_suites.iter().map(|s| s.suite()).collect() };

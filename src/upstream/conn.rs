@@ -20,9 +20,11 @@ use tokio::time::Instant;
 use tokio_rustls::client::TlsStream;
 
 use crate::metrics::tls::GroupTally;
+use crate::tls::client::PartnerCheck;
 use tokio_rustls::TlsConnector;
 
 use super::budget::{Budget, BudgetFull, Slot};
+use super::trust::Trusted;
 use crate::timers::{Deadline, TimedOut};
 
 /// Bytes read from the socket at once (a stack buffer, not kept).
@@ -37,6 +39,9 @@ pub(crate) struct Endpoint {
     pub tls: Option<(TlsConnector, ServerName<'static>)>,
     /// Where its handshakes are counted by group.
     tally: GroupTally,
+    /// The Partner's revocation check, when one is configured: its connections are judged
+    /// again before each reuse (`upstream::trust`).
+    check: Option<Arc<PartnerCheck>>,
 }
 
 impl Endpoint {
@@ -76,7 +81,13 @@ impl Endpoint {
             authority,
             tls,
             tally: GroupTally::default(),
+            check: None,
         })
+    }
+
+    /// The same endpoint, its connections judged again by `check` before each reuse.
+    pub(crate) fn judged_by(self, check: Option<Arc<PartnerCheck>>) -> Endpoint {
+        Endpoint { check, ..self }
     }
 
     /// The same endpoint, its handshakes counted in `tally`.
@@ -110,6 +121,8 @@ pub(crate) struct Conn {
     io: Io,
     pub(crate) buf: BytesMut,
     deadline: Deadline,
+    /// Its Partner's revocation verdict (TLS with a revocation check only).
+    trusted: Option<Trusted>,
     _slot: Slot,
 }
 
@@ -131,6 +144,7 @@ impl Conn {
         .map_err(|_| ConnectError::Timeout(connect_timeout))?
         .map_err(ConnectError::Tcp)?;
         let _ = tcp.set_nodelay(true);
+        let trusted = to.check.as_ref().map(Trusted::before_handshake);
         let io = match &to.tls {
             None => Io::Plain(tcp),
             Some((connector, name)) => {
@@ -146,6 +160,7 @@ impl Conn {
             io,
             buf: BytesMut::new(),
             deadline: Deadline::new(deadline),
+            trusted,
             _slot: slot,
         })
     }
@@ -217,12 +232,22 @@ impl Conn {
         }
     }
 
-    /// Whether an idle connection can carry a request: nothing left unread, and the
+    /// Whether an idle connection can carry a request: nothing left unread, the
     /// Partner has neither closed it nor sent anything unasked (one `MSG_PEEK` when the
-    /// socket has been readable since the last read).
-    pub(crate) fn reusable(&self) -> bool {
+    /// socket has been readable since the last read), and its certificate is not refused
+    /// now (`upstream::trust`).
+    pub(crate) fn reusable(&mut self) -> bool {
         if !self.buf.is_empty() {
             return false;
+        }
+        if let Some(trusted) = &mut self.trusted {
+            let chain = match &self.io {
+                Io::Tls(s) => s.get_ref().1.peer_certificates(),
+                Io::Plain(_) => None,
+            };
+            if !trusted.holds(chain) {
+                return false;
+            }
         }
         let mut cx = Context::from_waker(Waker::noop());
         let tcp = self.tcp();

@@ -18,6 +18,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::pki_types::ServerName;
 
 use super::budget::{Budget, Slot};
+use super::trust::{H2Watch, Watched};
 use crate::config::UpstreamConfig;
 use crate::metrics::tls::GroupTally;
 
@@ -34,6 +35,7 @@ pub(crate) fn clients(
     pools: usize,
     budget: &Arc<Budget>,
     tally: &GroupTally,
+    watch: Option<Arc<H2Watch>>,
 ) -> Box<[HttpClient]> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
@@ -56,6 +58,7 @@ pub(crate) fn clients(
     let connector = Tallied {
         inner: builder.enable_http2().wrap_connector(budgeted),
         tally: tally.clone(),
+        watch,
     };
     let mut builder = Client::builder(TokioExecutor::new());
     builder
@@ -155,32 +158,45 @@ impl<T: Connection> Connection for Counted<T> {
     }
 }
 
-/// The TLS connector, each handshake it completes counted by group.
+/// The TLS connector, each handshake it completes counted by group, and each connection
+/// watched by the Partner's revocation check, when it has one (`upstream::trust`).
 #[derive(Clone)]
 pub(crate) struct Tallied {
     inner: HttpsConnector<Budgeted>,
     tally: GroupTally,
+    watch: Option<Arc<H2Watch>>,
 }
 
 type TlsConn = <HttpsConnector<Budgeted> as tower::Service<Uri>>::Response;
 
 impl tower::Service<Uri> for Tallied {
-    type Response = TlsConn;
+    type Response = Watched<TlsConn>;
     type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<TlsConn, BoxError>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Watched<TlsConn>, BoxError>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, uri: Uri) -> Self::Future {
+        let watch = self.watch.clone();
+        // The epoch before the handshake: a change during it is judged at the next request.
+        let trusted = watch.as_ref().map(|w| w.trusted());
         let (connecting, tally) = (self.inner.call(uri), self.tally.clone());
         Box::pin(async move {
             let conn = connecting.await?;
+            let mut chain = None;
             if let hyper_rustls::MaybeHttpsStream::Https(tls) = &conn {
-                tally.count("partner", tls.inner().get_ref().1);
+                let session = tls.inner().get_ref().1;
+                tally.count("partner", session);
+                chain = session
+                    .peer_certificates()
+                    .map(|c| c.iter().map(|c| c.clone().into_owned()).collect::<Vec<_>>());
             }
-            Ok(conn)
+            Ok(match (watch, trusted, chain) {
+                (Some(w), Some(t), Some(chain)) => w.watch(conn, t, chain),
+                _ => Watched::unwatched(conn),
+            })
         })
     }
 }

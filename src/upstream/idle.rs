@@ -64,7 +64,7 @@ impl Idle {
     pub(crate) fn take(&self, worker: usize) -> Option<Conn> {
         let now = Instant::now();
         let mut list = self.lock(worker);
-        while let Some((conn, since)) = list.pop_back() {
+        while let Some((mut conn, since)) = list.pop_back() {
             self.kept.fetch_sub(1, Ordering::Relaxed);
             if now.duration_since(since) >= self.timeout {
                 // This one and every older one have expired.
@@ -105,7 +105,7 @@ impl Idle {
         for w in 0..self.sets.len() {
             let mut list = self.lock(w);
             let before = list.len();
-            list.retain(|(conn, since)| {
+            list.retain_mut(|(conn, since)| {
                 now.duration_since(*since) < self.timeout && conn.reusable()
             });
             self.kept.fetch_sub(before - list.len(), Ordering::Relaxed);

@@ -31,6 +31,7 @@ mod h1;
 mod h2;
 mod idle;
 pub(crate) mod origin;
+mod trust;
 pub(crate) mod wire;
 
 use h1::{H1Body, H1Error};
@@ -48,6 +49,8 @@ pin_project_lite::pin_project! {
     pub(crate) enum HeadFuture {
         H1 { sending: Pin<Box<dyn Future<Output = Result<Response<H1Body>, H1Error>> + Send>> },
         H2 { #[pin] sending: tokio::time::Timeout<hyper_util::client::legacy::ResponseFuture> },
+        /// After a connection cut for its Partner's revocation is gone (`upstream::trust`).
+        H2After { #[pin] sending: tokio::time::Timeout<H2Resend> },
     }
 }
 
@@ -70,12 +73,28 @@ impl Future for HeadFuture {
                 Err(H1Error::TimedOut) => Err(SendError::TimedOut),
                 Err(e) => Err(SendError::H1(e)),
             }),
-            HeadProj::H2 { sending } => sending.poll(cx).map(|r| match r {
-                Ok(Ok(resp)) => Ok(resp.map(Either::Right)),
-                Ok(Err(e)) => Err(SendError::H2(e)),
-                Err(_) => Err(SendError::TimedOut),
-            }),
+            HeadProj::H2 { sending } => sending.poll(cx).map(h2_outcome),
+            HeadProj::H2After { sending } => sending.poll(cx).map(h2_outcome),
         }
+    }
+}
+
+/// An HTTP/2 request sent once the connections cut before it are gone.
+pub(crate) type H2Resend = Pin<
+    Box<dyn Future<Output = Result<Response<Incoming>, hyper_util::client::legacy::Error>> + Send>,
+>;
+
+/// What an HTTP/2 request's response head (under its timeout) became.
+fn h2_outcome(
+    r: Result<
+        Result<Response<Incoming>, hyper_util::client::legacy::Error>,
+        tokio::time::error::Elapsed,
+    >,
+) -> HeadOutcome {
+    match r {
+        Ok(Ok(resp)) => Ok(resp.map(Either::Right)),
+        Ok(Err(e)) => Err(SendError::H2(e)),
+        Err(_) => Err(SendError::TimedOut),
     }
 }
 

@@ -23,6 +23,7 @@ use super::conn::Endpoint;
 use super::h1::H1Client;
 use super::h2::HttpClient;
 use super::idle::Idle;
+use super::trust::H2Watch;
 use super::HeadFuture;
 use crate::config::{PartnerConfig, PartnerTlsConfig, UpstreamConfig};
 use crate::identity::Aic;
@@ -71,8 +72,9 @@ struct Settings {
 pub(crate) enum Origin {
     /// The gateway's own HTTP/1.1 client (its idle connections per worker thread).
     H1(Arc<H1Client>),
-    /// hyper's HTTP/2 client, one per worker thread (`crate::workers`).
-    H2(Box<[HttpClient]>),
+    /// hyper's HTTP/2 client, one per worker thread (`crate::workers`), and its
+    /// connections' revocation verdicts (a Partner with a revocation check).
+    H2(Box<[HttpClient]>, Option<Arc<H2Watch>>),
 }
 
 impl Origin {
@@ -82,8 +84,20 @@ impl Origin {
             Origin::H1(c) => HeadFuture::H1 {
                 sending: Box::pin(c.clone().send(req, tokio::time::Instant::now() + timeout)),
             },
-            Origin::H2(clients) => {
+            Origin::H2(clients, watch) => {
                 let client = &clients[crate::workers::slot(clients.len())];
+                // A connection cut for its Partner's revocation: the request waits until
+                // hyper has dropped it, then takes a new one.
+                if let Some(gone) = watch.as_ref().and_then(|w| w.judge()) {
+                    let client = client.clone();
+                    let sending: super::H2Resend = Box::pin(async move {
+                        super::trust::all_gone(gone).await;
+                        client.request(req).await
+                    });
+                    return HeadFuture::H2After {
+                        sending: tokio::time::timeout(timeout, sending),
+                    };
+                }
                 HeadFuture::H2 {
                     sending: tokio::time::timeout(timeout, client.request(req)),
                 }
@@ -96,7 +110,7 @@ impl Origin {
     pub(crate) fn sweep(&self) -> usize {
         match self {
             Origin::H1(c) => c.idle().sweep(),
-            Origin::H2(_) => 0,
+            Origin::H2(..) => 0,
         }
     }
 
@@ -104,7 +118,7 @@ impl Origin {
     pub(crate) fn idle_connections(&self) -> usize {
         match self {
             Origin::H1(c) => c.idle().len(),
-            Origin::H2(_) => 0,
+            Origin::H2(..) => 0,
         }
     }
 }
@@ -280,7 +294,7 @@ impl<'a> OriginsBuilder<'a> {
     fn build(&self, p: &PartnerConfig, uri: &Uri) -> anyhow::Result<Origin> {
         let s = &self.origins.settings;
         let u = &s.upstream;
-        let mut tls = match &p.tls {
+        let (mut tls, check) = match &p.tls {
             Some(t) => partner_client_config(
                 t,
                 p.aic,
@@ -288,10 +302,11 @@ impl<'a> OriginsBuilder<'a> {
                 self.revocation.clone(),
                 &u.tls_groups,
             )?,
-            None => super::plain_client_config()?,
+            None => (super::plain_client_config()?, None),
         };
         let server_name = p.tls.as_ref().and_then(|t| t.server_name.clone());
         if p.http2 {
+            let watch = check.map(|c| Arc::new(H2Watch::new(c)));
             let clients = super::h2::clients(
                 tls,
                 server_name,
@@ -299,12 +314,14 @@ impl<'a> OriginsBuilder<'a> {
                 s.pools,
                 &self.origins.budget,
                 &self.origins.tally,
+                watch.clone(),
             );
-            return Ok(Origin::H2(clients));
+            return Ok(Origin::H2(clients, watch));
         }
         tls.alpn_protocols = vec![b"http/1.1".to_vec()];
         let endpoint = Endpoint::new(uri, &Arc::new(tls), server_name.as_deref())?
-            .counting(self.origins.tally.clone());
+            .counting(self.origins.tally.clone())
+            .judged_by(check);
         let idle = Arc::new(Idle::new(
             s.pools,
             u.pool_max_idle_per_host,

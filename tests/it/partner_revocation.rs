@@ -22,18 +22,29 @@ fn partner_cert(pki: &Pki, ocsp: Option<&str>) -> Issued {
 
 /// A gateway with one mutual-TLS Partner `secure` at `partner`, and `revocation`.
 async fn gateway(pki: &Pki, partner: &TestPartner, revocation: &str) -> TestGateway {
+    gateway_with(pki, partner, "pool_max_idle_per_host = 0\n", revocation, "").await
+}
+
+/// [`gateway`] with `upstream` lines in `[upstream]` and `extra` lines in the Partner.
+async fn gateway_with(
+    pki: &Pki,
+    partner: &TestPartner,
+    upstream: &str,
+    revocation: &str,
+    extra: &str,
+) -> TestGateway {
     let client = pki.issue(&CertSpec::leader_v2(GATEWAY_AIC));
     let (cert, key) = pki.write_pair("gw-client", &client);
     let tls = format!(
-        "aic = \"{PARTNER_AIC}\"\n[partner.tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"",
+        "aic = \"{PARTNER_AIC}\"\n{extra}\n[partner.tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"",
         pki.ca_pem.display(),
         cert.display(),
         key.display()
     );
-    let upstream = format!("https://localhost:{}", partner.addr.port());
+    let url = format!("https://localhost:{}", partner.addr.port());
     let text = format!(
-        "pool_max_idle_per_host = 0\n{revocation}\n{}",
-        partner_block("secure", "/s", &upstream, &tls)
+        "{upstream}{revocation}\n{}",
+        partner_block("secure", "/s", &url, &tls)
     );
     start_gateway(&pki.config("", &text)).await
 }
@@ -73,6 +84,54 @@ async fn a_partner_revoked_by_a_fetched_crl_is_502_upstream_tls() {
         1,
         "the revoked Partner got nothing more"
     );
+}
+
+/// A Partner connection kept in the pool (HTTP/1.1) or carrying every request (HTTP/2)
+/// since before the CA revoked the Partner is judged again before its next request: not
+/// used, and the new connection's handshake is refused.
+async fn a_connection_made_before_the_revocation(extra: &str) {
+    let pki = Pki::new();
+    let server = partner_cert(&pki, None);
+    let partner = TestPartner::start_with(Behaviour::Echo, Some(partner_tls(&pki, &server))).await;
+    let crls = CrlServer::start(crl(&pki.ca, &[])).await;
+    let revocation = format!(
+        "[revocation]\ncrl_urls = [\"{}\"]\nrefresh_interval = \"200ms\"\nretry_interval = \"50ms\"\n",
+        crls.url()
+    );
+    let gw = gateway_with(&pki, &partner, "", &revocation, extra).await;
+    wait_fetches(&gw, &crls.url(), "ok", 0.0).await;
+    let leader = pki.leader(LEADER_A, false);
+    let body = rpc_start("1", LEADER_A, "t");
+    for _ in 0..4 {
+        let r = leader.post(gw.addr, "/s/rpc", &body).await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    // One connection (pool, HTTP/2 client) per worker, each reused.
+    let made = partner.connections();
+    assert!(made <= 2, "{made} connections: the requests reused them");
+
+    crls.serve(crl(&pki.ca, &[SERIAL]));
+    let ok = fetches(&gw, &crls.url(), "ok").await;
+    wait_fetches(&gw, &crls.url(), "ok", ok).await;
+    let r = leader.post(gw.addr, "/s/rpc", &body).await.unwrap();
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert_eq!(r.error(), (-32603, "upstream_tls".into()));
+    assert!(r.text().contains("revoked (CRL)"), "{}", r.text());
+    assert_eq!(
+        partner.seen().len(),
+        4,
+        "the revoked Partner got nothing more"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_http1_connection_to_a_partner_revoked_since_is_not_used_again() {
+    a_connection_made_before_the_revocation("").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_connection_to_a_partner_revoked_since_is_not_used_again() {
+    a_connection_made_before_the_revocation("http2 = true").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

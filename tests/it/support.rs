@@ -216,12 +216,19 @@ pub enum Behaviour {
 pub struct TestPartner {
     pub addr: SocketAddr,
     pub seen: Arc<Mutex<Vec<Seen>>>,
+    /// TCP connections accepted.
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
     _stop: Arc<Notify>,
 }
 
 impl TestPartner {
     pub fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
+    }
+
+    /// TCP connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn url(&self) -> String {
@@ -241,13 +248,15 @@ impl TestPartner {
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(Notify::new());
-        let (seen2, stop2) = (seen.clone(), stop.clone());
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (seen2, stop2, accepted2) = (seen.clone(), stop.clone(), accepted.clone());
         tokio::spawn(async move {
             loop {
                 let (tcp, _) = tokio::select! {
                     r = listener.accept() => r.unwrap(),
                     _ = stop2.notified() => return,
                 };
+                accepted2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let seen = seen2.clone();
                 let behaviour = behaviour.clone();
                 let tls = tls.clone();
@@ -272,6 +281,7 @@ impl TestPartner {
         TestPartner {
             addr,
             seen,
+            accepted,
             _stop: stop,
         }
     }

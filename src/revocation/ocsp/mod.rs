@@ -22,7 +22,7 @@ pub mod query;
 pub mod wire;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
@@ -99,6 +99,9 @@ pub struct Ocsp {
     queries: AtomicUsize,
     /// Bumped at every settled query (a `hard` request waits on it).
     answered: tokio::sync::watch::Sender<u64>,
+    /// Queries settled so far (what `answered` counts, read without its lock): a pooled
+    /// Partner connection is judged again when it moved.
+    settled: AtomicU64,
     metrics: Arc<Metrics>,
 }
 
@@ -124,6 +127,7 @@ impl Ocsp {
             receiver: Mutex::new(Some(receiver)),
             queries: AtomicUsize::new(0),
             answered: tokio::sync::watch::channel(0).0,
+            settled: AtomicU64::new(0),
             metrics,
         }
     }
@@ -298,6 +302,12 @@ impl Ocsp {
         waited.unwrap_or(Err(CredentialError::RevocationStatusUnknown))
     }
 
+    /// How many queries have settled: it moves whenever an answer (or a failure) is
+    /// stored.
+    pub(crate) fn settled_count(&self) -> u64 {
+        self.settled.load(Ordering::Acquire)
+    }
+
     /// The queue's receiving end, once (for [`run`]).
     pub(crate) fn take_queue(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<Arc<Subject>>> {
         crate::sync::lock(&self.receiver).take()
@@ -357,6 +367,7 @@ impl Ocsp {
             insert(&mut map, subject.key, entry, o.max_entries, now);
         }
         drop(map);
+        self.settled.fetch_add(1, Ordering::AcqRel);
         self.answered.send_modify(|n| *n += 1);
     }
 
