@@ -65,6 +65,17 @@ impl Nodes {
         self.changes.load(Ordering::Acquire)
     }
 
+    /// The slot ranges of each master last seen (a Redis Cluster; empty before the first
+    /// probe and for other topologies).
+    pub(crate) fn master_slots(&self) -> Vec<Vec<(u16, u16)>> {
+        lock(&self.view)
+            .nodes
+            .iter()
+            .filter(|n| !n.slots.is_empty())
+            .map(|n| n.slots.clone())
+            .collect()
+    }
+
     /// The node a failed command went to: the master holding `slot` (a Redis Cluster),
     /// else the one master.
     fn node_of(&self, slot: u32) -> Option<String> {

@@ -8,9 +8,11 @@
 //!
 //! A Redis that restarted empty (or was flushed) has lost every claim, and another AIC's
 //! `start` of the same task would then be admitted elsewhere. Each instance keeps a marker
-//! key in Redis (refreshed every `cluster.ratelimit.sync_interval`); when the marker is
-//! gone, the instance writes the owners it knows back (set only where absent), so the
-//! claims hold again within one interval of Redis's return.
+//! key in Redis (refreshed every `cluster.ratelimit.sync_interval`), on a Redis Cluster one
+//! in a slot of every master (a master restarted empty without a replica to take over
+//! keeps its slots and loses only its own keys); when a marker is gone, the instance
+//! writes the owners it knows back (set only where absent), so the claims hold again
+//! within one interval of Redis's return.
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -197,7 +199,7 @@ pub(crate) async fn republish_loop(cluster: Arc<Cluster>, owners: Arc<dyn TaskOw
         .max(Duration::from_millis(10));
     // Outlives many checks, so only a Redis that lost it (or a long outage) misses it.
     let marker_ms = super::ms((every * 20).max(Duration::from_secs(10)));
-    let marker = cluster.key(&format!("instance:{}", cluster.holder("tasks")), "marker");
+    let mut markers = Markers::new(&cluster);
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut changes = cluster.nodes.changes();
@@ -211,17 +213,26 @@ pub(crate) async fn republish_loop(cluster: Arc<Cluster>, owners: Arc<dyn TaskOw
             }
             continue;
         }
-        let key = marker.clone();
-        let had = cluster
-            .call("task_marker", |mut c| async move {
-                MARK_SCRIPT
-                    .key(key)
-                    .arg(marker_ms)
-                    .invoke_async::<i64>(&mut c)
-                    .await
-            })
-            .await;
-        if matches!(had, Ok(0)) {
+        markers.follow(&cluster);
+        let mut lost = false;
+        for key in markers.keys.clone() {
+            let mark = key.clone();
+            let had = cluster
+                .call("task_marker", |mut c| async move {
+                    MARK_SCRIPT
+                        .key(mark)
+                        .arg(marker_ms)
+                        .invoke_async::<i64>(&mut c)
+                        .await
+                })
+                .await;
+            // A marker never set before (the first tick, masters first seen) was not lost.
+            lost |= matches!(had, Ok(0)) && markers.set.contains(&key);
+            if had.is_ok() {
+                markers.set.insert(key);
+            }
+        }
+        if lost {
             let _ = republish(
                 &cluster,
                 owners.entries(),
@@ -230,6 +241,63 @@ pub(crate) async fn republish_loop(cluster: Arc<Cluster>, owners: Arc<dyn TaskOw
             .await;
         }
     }
+}
+
+/// This instance's marker keys: one, and on a Redis Cluster one more in a slot of each
+/// master.
+struct Markers {
+    /// The name they are made from (instance id, nonce).
+    base: String,
+    /// The masters' slot ranges they were placed for.
+    placed_for: Vec<Vec<(u16, u16)>>,
+    keys: Vec<String>,
+    /// The keys this instance has set (a key's absence says something only after that).
+    set: std::collections::HashSet<String>,
+}
+
+impl Markers {
+    fn new(cluster: &Cluster) -> Markers {
+        let base = format!("instance:{}", cluster.holder("tasks"));
+        Markers {
+            keys: vec![cluster.key(&base, "marker")],
+            base,
+            placed_for: Vec::new(),
+            set: std::collections::HashSet::new(),
+        }
+    }
+
+    /// Places the masters' markers anew when the masters (or their slots) changed.
+    fn follow(&mut self, cluster: &Cluster) {
+        if !cluster.per_slot() {
+            return;
+        }
+        let masters = cluster.nodes.master_slots();
+        if masters.is_empty() || masters == self.placed_for {
+            return;
+        }
+        let one = cluster.key(&self.base, "marker");
+        self.keys = std::iter::once(one)
+            .chain(
+                masters
+                    .iter()
+                    .filter_map(|ranges| marker_in(cluster, &self.base, ranges)),
+            )
+            .collect();
+        self.set.retain(|k| self.keys.contains(k));
+        self.placed_for = masters;
+    }
+}
+
+/// A marker key named from `base` whose slot one of `ranges` holds: the first of 65,536
+/// names tried (a master serving a single slot is missed about 2% of the time, and then
+/// goes without a marker of this instance; one serving 8 slots or more, practically never).
+fn marker_in(cluster: &Cluster, base: &str, ranges: &[(u16, u16)]) -> Option<String> {
+    (0..65_536u32)
+        .map(|k| cluster.key(&format!("{base}:{k}"), "marker"))
+        .find(|key| {
+            let slot = super::slots::slot(key.as_bytes());
+            ranges.iter().any(|&(a, b)| (a..=b).contains(&slot))
+        })
 }
 
 /// Writes `entries` back where Redis has no claim (`SET NX`, each with its time left);

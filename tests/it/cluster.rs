@@ -459,7 +459,8 @@ async fn a_strict_quota_is_exact_across_instances_on(redis: &impl Store) {
         alternate(&leader, &[a.addr, b.addr], Duration::from_millis(600)).await;
     let secs = started.elapsed().as_secs_f64();
     assert!(other.is_empty(), "{other:?}");
-    let exact = 20.0 + (20.0 * secs).floor();
+    // A client slower than the quota (a loaded machine) is admitted whole.
+    let exact = (20.0 + (20.0 * secs).floor()).min(f64::from(ok + limited));
     eprintln!("admitted {ok}, refused {limited} in {secs:.2} s; exact {exact}");
     assert!(
         (f64::from(ok) - exact).abs() <= 1.0,

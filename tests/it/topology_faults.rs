@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::cluster::{
-    metric, stream_leases_come_back_after_redis_restarts_empty_on,
+    metric, pair, stream_leases_come_back_after_redis_restarts_empty_on,
     task_owners_come_back_after_redis_restarts_empty_on, three_masters, Store, Two, FAST,
 };
 use crate::cluster_topology::*;
@@ -25,6 +25,83 @@ async fn a_redis_cluster_restarted_empty() {
     };
     task_owners_come_back_after_redis_restarts_empty_on(&mut cluster).await;
     stream_leases_come_back_after_redis_restarts_empty_on(&mut cluster).await;
+}
+
+/// The instance markers each master of `cluster` holds.
+fn markers_on(cluster: &RedisCluster) -> Vec<usize> {
+    cluster
+        .nodes
+        .iter()
+        .map(|n| match n.cmd(&["KEYS", "aipgw:*:marker"]) {
+            Ok(redis::Value::Array(keys)) => keys.len(),
+            _ => 0,
+        })
+        .collect()
+}
+
+/// One master of a three-master Redis Cluster (no replicas) restarted empty, the others
+/// untouched: the task owners it held come back, although the instances' markers on the
+/// other masters were never lost.
+#[tokio::test]
+async fn one_master_of_a_redis_cluster_restarted_empty() {
+    let Some(mut cluster) = three_masters() else {
+        return;
+    };
+    let pki = Pki::new();
+    let partner = TestPartner::start(Behaviour::Echo).await;
+    let (a, b) = pair(&pki, &cluster, FAST, "", &partner.url()).await;
+    // Both instances have marked every master (before, each instance had one marker, in
+    // one slot: a master without one lost its owners for good). Polled between awaits:
+    // the instances run here.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let marks = markers_on(&cluster);
+        if marks.iter().all(|&n| n >= 2) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a marker of each instance on every master: {marks:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let m = 1;
+    // A task whose owner lives on master `m`.
+    let (task, key) = (0..500)
+        .map(|i| {
+            let task = format!("t{i}");
+            let key = format!("aipgw:{{aipgw:task:1:p:{}:{task}}}:owner", task.len());
+            (task, key)
+        })
+        .find(|(_, key)| cluster.node_of(key) == m)
+        .expect("a task on each master");
+    let la = pki.leader(LEADER_A, false);
+    let r = la
+        .post(a.addr, "/p/rpc", &rpc_start("1", LEADER_A, &task))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let owner = redis::Value::BulkString(LEADER_A.as_bytes().to_vec());
+    assert_eq!(cluster.cmd(&["GET", &key]), owner);
+
+    cluster.nodes[m].restart_empty();
+    cluster.until_ok(Duration::from_secs(30));
+    assert_eq!(cluster.cmd(&["GET", &key]), redis::Value::Nil);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while cluster.cmd(&["GET", &key]) != owner {
+        assert!(
+            Instant::now() < deadline,
+            "the owner was not written back after master {m} restarted empty"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let lb = pki.leader(LEADER_B, false);
+    let r = lb
+        .post(b.addr, "/p/rpc", &rpc_start("2", LEADER_B, &task))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(r.error(), (-32009, "not_task_owner".into()));
 }
 
 /// The same under Sentinel: the master (without a replica to promote) restarts empty.
