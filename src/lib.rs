@@ -131,6 +131,7 @@ pub mod config;
 pub mod demo;
 #[cfg(feature = "dev")]
 pub mod devcerts;
+pub(crate) mod digest;
 pub mod error;
 pub(crate) mod fdlimit;
 pub mod gateway;

@@ -239,5 +239,5 @@ impl AicRules {
 
 /// Lowercase hex SHA-256 of some bytes.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    crate::hex::encode(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref())
+    crate::hex::encode(&crate::digest::sha256(bytes))
 }

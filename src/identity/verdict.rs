@@ -96,14 +96,7 @@ impl Verdicts {
 /// The table's key: SHA-256 over each certificate's length and bytes, so two chains share
 /// a key only if they are the same certificates in the same order.
 fn chain_key(chain: &[CertificateDer<'_>]) -> [u8; 32] {
-    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-    for der in chain {
-        ctx.update(&(der.len() as u64).to_be_bytes());
-        ctx.update(der);
-    }
-    let mut key = [0u8; 32];
-    key.copy_from_slice(ctx.finish().as_ref());
-    key
+    crate::digest::sha256_parts(chain.iter().map(|der| der.as_ref()))
 }
 
 struct Judged {

@@ -342,21 +342,17 @@ impl<'a> OriginsBuilder<'a> {
 /// SHA-256 of a CA bundle and a client certificate and key, as they are now.
 fn digest(files: &TlsFiles) -> anyhow::Result<[u8; 32]> {
     let (ca, client) = files;
-    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-    let mut add = |f: &PathBuf| -> anyhow::Result<()> {
-        let bytes = std::fs::read(f).with_context(|| format!("cannot read {}", f.display()))?;
-        ctx.update(&(bytes.len() as u64).to_be_bytes());
-        ctx.update(&bytes);
-        Ok(())
+    let read = |f: &PathBuf| -> anyhow::Result<Vec<u8>> {
+        std::fs::read(f).with_context(|| format!("cannot read {}", f.display()))
     };
-    add(ca)?;
+    let mut contents = vec![read(ca)?];
     if let Some((cert, key)) = client {
-        add(cert)?;
-        add(key)?;
+        contents.push(read(cert)?);
+        contents.push(read(key)?);
     }
-    let mut out = [0u8; 32];
-    out.copy_from_slice(ctx.finish().as_ref());
-    Ok(out)
+    Ok(crate::digest::sha256_parts(
+        contents.iter().map(Vec::as_slice),
+    ))
 }
 
 #[cfg(test)]

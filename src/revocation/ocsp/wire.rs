@@ -169,8 +169,8 @@ impl Subject {
                 oid: SHA1,
                 parameters: Some(Any::from(Null)),
             },
-            issuer_name_hash: OctetString::new(crypto::sha1(ca.subject().as_raw())).ok()?,
-            issuer_key_hash: OctetString::new(crypto::sha1(
+            issuer_name_hash: OctetString::new(crate::digest::sha1(ca.subject().as_raw())).ok()?,
+            issuer_key_hash: OctetString::new(crate::digest::sha1(
                 &ca.public_key().subject_public_key.data,
             ))
             .ok()?,
@@ -190,7 +190,7 @@ impl Subject {
         }
         .to_der()
         .ok()?;
-        let key = crypto::sha256_parts(&[
+        let key = crate::digest::sha256_parts([
             cert_id.issuer_name_hash.as_bytes(),
             cert_id.issuer_key_hash.as_bytes(),
             cert_id.serial_number.as_bytes(),
