@@ -31,7 +31,7 @@ use crate::identity::aic::DottedCheck;
 /// Key exchange groups (`[tls]`), checked against the build's crypto provider.
 pub use crate::tls::provider::Groups;
 /// Settings enums the rest of the gateway names (the file's raw structs stay in `raw`).
-pub use raw::{AipVersion, ErrorStatus, LogFormat, Scheduler, UnknownTask};
+pub use raw::{AipVersion, ErrorStatus, LogFormat, PartnerProtocol, Scheduler, UnknownTask};
 
 /// A validated configuration.
 #[derive(Debug, Clone)]
@@ -232,6 +232,8 @@ pub struct PartnerConfig {
     pub aic: Option<Aic>,
     /// Which AIP generation it speaks.
     pub aip_version: raw::AipVersion,
+    /// What it speaks: AIP, or A2A (an A2A agent's JSON-RPC endpoint).
+    pub protocol: raw::PartnerProtocol,
     /// HTTP/2 only (prior knowledge over `http://`).
     pub http2: bool,
     /// Upstream path for each method, indexed by [`Method::index`].

@@ -390,6 +390,7 @@ impl TryFrom<raw::RawPartner> for PartnerConfig {
             rates,
             max_in_flight: l.max_in_flight,
             aip_version: p.aip_version,
+            protocol: p.protocol,
             http2: p.http2,
             name: p.name,
             prefix,
