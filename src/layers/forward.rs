@@ -18,7 +18,7 @@ use http_body_util::Either;
 
 use super::claim;
 use super::exchange::{Exchange, Handled, Refusal, Reply, State};
-use super::facts::Permitted;
+use super::facts::{A2aCall, AipCall, Call, Permitted};
 use super::streams::{self, StreamRequest};
 use crate::body::ResponseBody;
 use crate::error::GatewayError;
@@ -90,6 +90,8 @@ enum Work {
     Claim(PendingClaim),
     /// A `stream` request (`layers::streams`).
     Stream(StreamRequest, Option<PendingClaim>),
+    /// An A2A message, whose answer names the task and context it owns.
+    A2a(crate::policy::a2a::Recorder),
 }
 
 /// Takes what the call needs out of the exchange and builds the Partner's request.
@@ -100,8 +102,30 @@ fn prepare(x: &mut Exchange<Bytes>, facts: Permitted) -> Result<Prepared, Gatewa
         call,
         permit: in_flight,
     } = facts;
+    let partner = &route.partner;
+    let (work, path) = match &call {
+        Call::Aip(call) => (aip_work(x, call), partner.path_for(call.method)),
+        // An A2A agent has one JSON-RPC endpoint: its upstream URL itself.
+        Call::A2a(call) => (a2a_work(x, call, &caller, partner), ""),
+    };
+    let headers = x.partner_headers(&caller);
+    let target = partner.pool.target(path);
+    let upstream = upstream_request(std::mem::take(&mut x.body), target, headers);
+    Ok(Prepared {
+        caller,
+        route,
+        upstream,
+        in_flight,
+        started: tokio::time::Instant::now(),
+        work,
+    })
+}
+
+/// What an AIP call needs beyond the plain way: a `stream` goes through the replay
+/// buffer, a `start` holds its claim until the answer.
+fn aip_work(x: &mut Exchange<Bytes>, call: &AipCall) -> Option<Work> {
     let claim = x.claim.take();
-    let work = match (call.has_message, call.method) {
+    match (call.has_message, call.method) {
         (true, Method::Stream) => {
             let req = StreamRequest {
                 command: call.command.unwrap_or(Command::Start),
@@ -114,18 +138,25 @@ fn prepare(x: &mut Exchange<Bytes>, facts: Permitted) -> Result<Prepared, Gatewa
             Some(Work::Stream(req, claim))
         }
         _ => claim.map(Work::Claim),
-    };
-    let headers = x.partner_headers(&caller);
-    let partner = &route.partner;
-    let target = partner.pool.target(partner.path_for(call.method));
-    let upstream = upstream_request(std::mem::take(&mut x.body), target, headers);
-    Ok(Prepared {
-        caller,
-        route,
-        upstream,
-        in_flight,
-        started: tokio::time::Instant::now(),
-        work,
+    }
+}
+
+/// What an A2A call needs beyond the plain way: a message's answer is read for the
+/// owners it names (`super::a2a_answer`).
+fn a2a_work(
+    x: &Exchange<Bytes>,
+    call: &A2aCall,
+    caller: &PeerIdentity,
+    partner: &crate::routing::Partner,
+) -> Option<Work> {
+    call.verb.sends().then(|| {
+        Work::A2a(crate::policy::a2a::Recorder {
+            owners: x.snap.tasks.clone(),
+            cluster: x.snap.cluster.clone(),
+            ttl: x.snap.config.tasks.ttl,
+            partner: partner.label.clone(),
+            aic: caller.aic,
+        })
     })
 }
 
@@ -246,6 +277,13 @@ async fn forward_boxed(mut x: Exchange<()>, p: Prepared, work: Work) -> Handled 
             };
             let id = x.id.clone();
             streams::handle(&snap, partner, &p.caller, req, id, p.upstream, work).await
+        }
+        Work::A2a(recorder) => {
+            let cfg = snap.config.clone();
+            let sent =
+                super::a2a_answer::send(partner.clone(), p.upstream, recorder, cfg, p.in_flight);
+            sent.await
+                .map(|(resp, in_flight)| relay(&mut x, resp, in_flight))
         }
         Work::Claim(claim) => {
             let cfg = snap.config.clone();

@@ -1,0 +1,213 @@
+//! A2A agents behind the gateway (`[[partner]] protocol = "a2a"`), against the official
+//! Python SDK (`a2a-sdk` 1.3 from the package index, installed at test time as
+//! `tests/it/sdk.rs` installs `acps-sdk`; under `CI=true` a missing SDK fails): an agent
+//! on the SDK's own server (v1.0 and v0.3 method names on one endpoint) behind the
+//! gateway, and the SDK's own JSON-RPC transports (v1.0 and v0.3) through the gateway
+//! with client certificates. The script is `tests/data/a2a_sdk.py`.
+
+use std::io::BufRead;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use aipgw::devcerts::CertSpec;
+
+use crate::sdk::python_with;
+use crate::support::*;
+
+/// What the test installs: the SDK with its server's extras, and an ASGI server for it.
+const SDK: [&str; 2] = ["a2a-sdk[http-server]==1.3.0", "uvicorn==0.54.0"];
+
+/// The helper script, with the agent and the client.
+fn script() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/a2a_sdk.py")
+}
+
+/// The SDK's agent, stopped on drop.
+struct Agent {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the agent and waits for the port it listens on (its first line).
+fn start_agent(python: &Path) -> Agent {
+    let mut child = Command::new(python)
+        .arg(script())
+        .arg("agent")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the SDK agent starts");
+    let mut line = String::new();
+    let stdout = child.stdout.take().expect("piped");
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("the agent prints its port");
+    let port = line
+        .trim()
+        .strip_prefix("PORT ")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port from the agent: {line:?}"));
+    Agent { child, port }
+}
+
+#[tokio::test]
+async fn the_sdks_agent_and_client_through_the_gateway() {
+    let Some(python) = tokio::task::spawn_blocking(|| {
+        python_with(&SDK, "a2a-sdk-venv", "a2a.server.routes, uvicorn")
+    })
+    .await
+    .unwrap() else {
+        return;
+    };
+    let agent = {
+        let python = python.clone();
+        tokio::task::spawn_blocking(move || start_agent(&python))
+            .await
+            .unwrap()
+    };
+    let pki = Pki::new();
+    pki.write_pair("owner", &pki.issue(&CertSpec::leader_v2(LEADER_B)));
+    pki.write_pair("other", &pki.issue(&CertSpec::leader_v2(LEADER_A)));
+    let upstream = format!("http://127.0.0.1:{}", agent.port);
+    let partners = partner_block("sdk", "/agents/sdk", &upstream, "protocol = \"a2a\"");
+    let gw = start_gateway(&pki.config("", &partners)).await;
+
+    let mut client = Command::new(&python);
+    client
+        .arg(script())
+        .arg("client")
+        .env(
+            "URL",
+            format!("https://localhost:{}/agents/sdk", gw.addr.port()),
+        )
+        .env("CERTS", pki.dir.path());
+    let run = tokio::task::spawn_blocking(move || client.output());
+    let out = within(120, run).await.unwrap().expect("the SDK client ran");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let steps: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let step = |name: &str| {
+        steps
+            .iter()
+            .find(|s| s["step"] == name)
+            .unwrap_or_else(|| panic!("no step {name}: {stdout}"))
+            .clone()
+    };
+
+    for g in ["v1", "v03"] {
+        // The owner's send (the A2A-Version header passed through: the agent checks it),
+        // its get and its subscription (the current Task first).
+        let send = step(&format!("{g}/send"));
+        let task = send["task"].as_str().unwrap().to_owned();
+        assert_eq!(step(&format!("{g}/get"))["result"]["id"], task.as_str());
+        let sub = step(&format!("{g}/subscribe"));
+        assert_eq!(
+            (&sub["first"]["kind"], &sub["first"]["task"]),
+            (&serde_json::json!("task"), &serde_json::json!(task)),
+            "{sub}"
+        );
+        // Another AIC, on every task method and on the owner's context: the SDK raises
+        // TaskNotFoundError, as for a task that does not exist; in v1.0 its data is the
+        // gateway's ErrorInfo metadata.
+        let mut refused = vec![
+            "get",
+            "cancel",
+            "subscribe",
+            "push_set",
+            "push_get",
+            "push_list",
+            "push_delete",
+            "follow_up",
+            "same_context",
+        ];
+        if g == "v1" {
+            refused.push("list");
+        }
+        for name in refused {
+            let s = step(&format!("{g}/other/{name}"));
+            assert_eq!(s["error"], "TaskNotFoundError", "{g}/{name}: {s}");
+            if g == "v1" {
+                assert_eq!(s["data"]["reason"], "task_not_found", "{s}");
+            }
+            assert!(
+                !s.to_string().contains(LEADER_B),
+                "the owner is not named: {s}"
+            );
+        }
+        if g == "v1" {
+            // A list that names no context would span every caller's tasks: 403.
+            let s = step("v1/other/list_all");
+            assert!(s["text"].as_str().unwrap().contains("403"), "{s}");
+            let list = step("v1/list");
+            assert_eq!(list["result"]["tasks"][0]["id"], task.as_str(), "{list}");
+        }
+        // The owner cancels it.
+        let cancel = step(&format!("{g}/cancel"));
+        assert_eq!(
+            cancel["result"]["status"]["state"], "TASK_STATE_CANCELED",
+            "{cancel}"
+        );
+        // A streamed answer: every event relayed in order, its task the caller's.
+        let events = step(&format!("{g}/stream"))["events"].clone();
+        let kinds: Vec<&str> = events
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["kind"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "task",
+                "statusUpdate",
+                "artifactUpdate",
+                "artifactUpdate",
+                "artifactUpdate",
+                "statusUpdate"
+            ],
+            "{events}"
+        );
+        let other_get = step(&format!("{g}/stream/other_get"));
+        assert_eq!(other_get["error"], "TaskNotFoundError", "{other_get}");
+        let get = step(&format!("{g}/stream/get"));
+        assert_eq!(get["result"]["status"]["state"], "TASK_STATE_COMPLETED");
+    }
+
+    // Metrics name A2A's methods; the refusals are -32001, never an AIP code.
+    let m = metric(
+        &gw,
+        r#"aipgw_requests_total{partner="sdk",method="tasks/get",status="200",code="-32001"}"#,
+        2.0,
+    )
+    .await;
+    for (key, want) in [
+        (r#"method="GetTask",status="200",code="-32001""#, 2.0),
+        (r#"method="SendMessage",status="200",code="0""#, 1.0),
+        (r#"method="message/send",status="200",code="0""#, 1.0),
+        (r#"method="ListTasks",status="403",code="-32000""#, 1.0),
+    ] {
+        let key = format!(r#"aipgw_requests_total{{partner="sdk",{key}}}"#);
+        assert_eq!(m.get(&key), Some(&want), "{key}");
+    }
+    assert!(
+        !m.keys().any(|k| k.contains(r#"partner="sdk""#)
+            && k.contains("code=\"-3200")
+            && !k.contains("code=\"-32000\"")
+            && !k.contains("code=\"-32001\"")),
+        "an AIP code reached an A2A caller"
+    );
+}
