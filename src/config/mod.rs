@@ -658,4 +658,27 @@ rpc = "/acps-aip-v1/rpc"
             error_of(&required)
         );
     }
+
+    /// `protocol = "a2a"` makes an A2A Partner (AIP by default); the AIP method names of
+    /// `access.methods` and `paths` mean nothing to it and are refused.
+    #[test]
+    fn partner_protocol() {
+        let c = Config::parse(BASE, Path::new(".")).unwrap();
+        assert_eq!(c.partners[0].protocol, PartnerProtocol::Aip);
+        // BASE's Partner, its `paths` table replaced by `extra`.
+        let a2a = |extra: &str| {
+            BASE.replace("name = \"demo\"", "name = \"demo\"\nprotocol = \"a2a\"")
+                .replace("[partner.paths]\nrpc = \"/acps-aip-v1/rpc\"\n", extra)
+        };
+        let c = Config::parse(&a2a(""), Path::new(".")).unwrap();
+        assert_eq!(c.partners[0].protocol, PartnerProtocol::A2a);
+        let e = error_of(&a2a(
+            "[[partner.access.methods]]\nmethods = [\"rpc\"]\nallow = [\"*\"]\n",
+        ));
+        assert!(e.contains("access.methods"), "{e}");
+        let e = error_of(&a2a("[partner.paths]\nrpc = \"/x\"\n"));
+        assert!(e.contains("paths names AIP methods"), "{e}");
+        let e = error_of(&BASE.replace("name = \"demo\"", "name = \"demo\"\nprotocol = \"grpc\""));
+        assert!(e.contains("grpc"), "{e}");
+    }
 }

@@ -10,6 +10,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use aipgw::devcerts::CertSpec;
+use bytes::Bytes;
 
 use crate::sdk::python_with;
 use crate::support::*;
@@ -209,5 +210,92 @@ async fn the_sdks_agent_and_client_through_the_gateway() {
             && !k.contains("code=\"-32000\"")
             && !k.contains("code=\"-32001\"")),
         "an AIP code reached an A2A caller"
+    );
+}
+
+/// `(HTTP status, error.code, ErrorInfo metadata reason)` of an A2A error answer.
+fn a2a_error(r: &Reply) -> (u16, i64, String) {
+    let v = r.json();
+    let info = &v["error"]["data"][0];
+    assert_eq!(
+        info["@type"], "type.googleapis.com/google.rpc.ErrorInfo",
+        "{v}"
+    );
+    (
+        r.status.as_u16(),
+        v["error"]["code"].as_i64().unwrap_or(0),
+        info["metadata"]["reason"].as_str().unwrap_or("").to_owned(),
+    )
+}
+
+/// Without the SDK: the agent gets the very bytes the client sent and its `A2A-Version`
+/// header, with the caller's AIC; every refusal an A2A caller meets is in A2A's terms,
+/// before the route is known too (no certificate), and the agent sees none of them.
+#[tokio::test]
+async fn an_a2a_agent_gets_the_same_bytes_and_its_callers_a2a_errors() {
+    let task = r#"{"jsonrpc":"2.0","id":1,"result":{"task":{"id":"t-9","contextId":"c-9","status":{"state":"TASK_STATE_WORKING"}}}}"#;
+    let agent = TestPartner::start(Behaviour::Fixed(task)).await;
+    let pki = Pki::new();
+    let partners = partner_block("a", "/agents/a", &agent.url(), "protocol = \"a2a\"");
+    let gw = start_gateway(&pki.config("", &partners)).await;
+    let (owner, other) = (pki.leader(LEADER_B, false), pki.leader(LEADER_A, true));
+    let send = r#"{"jsonrpc":"2.0","id":"s\u0031","method":"SendMessage","params":{"message":{"messageId":"m","role":"ROLE_USER","parts":[{"text":"hi"}]},  "metadata":{}}}"#;
+    let r = owner
+        .post_with(
+            gw.addr,
+            "/agents/a",
+            Bytes::from_static(send.as_bytes()),
+            &[("a2a-version", "1.0")],
+        )
+        .await
+        .unwrap();
+    assert_eq!((r.status.as_u16(), r.text()), (200, task.to_owned()));
+    let seen = agent.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(&seen[0].body[..], send.as_bytes());
+    assert_eq!(seen[0].headers["a2a-version"], "1.0");
+    assert_eq!(seen[0].headers["x-aip-client-aic"], LEADER_B);
+
+    let get = |method: &str| {
+        format!(r#"{{"jsonrpc":"2.0","id":7,"method":"{method}","params":{{"id":"t-9"}}}}"#)
+    };
+    // The owner may read its task; another AIC is told it does not exist.
+    let r = owner
+        .post(gw.addr, "/agents/a", &get("GetTask"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    let r = other
+        .post(gw.addr, "/agents/a", &get("tasks/get"))
+        .await
+        .unwrap();
+    assert_eq!(a2a_error(&r), (200, -32001, "task_not_found".into()));
+    assert!(!r.text().contains(LEADER_B), "{}", r.text());
+    let list = r#"{"jsonrpc":"2.0","id":8,"method":"ListTasks","params":{}}"#;
+    let r = owner.post(gw.addr, "/agents/a", list).await.unwrap();
+    assert_eq!(a2a_error(&r), (403, -32000, "list_tasks_unscoped".into()));
+    let r = owner.post(gw.addr, "/agents/a", &get("rpc")).await.unwrap();
+    assert_eq!(a2a_error(&r), (400, -32601, "unknown_method".into()));
+    let r = owner
+        .post(gw.addr, "/agents/a/rpc", &get("GetTask"))
+        .await
+        .unwrap();
+    assert_eq!(a2a_error(&r), (404, -32601, "no_route".into()));
+    let agent_voice = r#"{"jsonrpc":"2.0","id":9,"method":"message/send","params":{"message":{"role":"agent","parts":[]}}}"#;
+    let r = owner.post(gw.addr, "/agents/a", agent_voice).await.unwrap();
+    assert_eq!(a2a_error(&r), (400, -32602, "invalid_params".into()));
+    // No certificate: refused before the route is known, still in A2A's terms (AIP's
+    // -32008 means "extension support required" in A2A).
+    let anonymous = Leader::new(&pki, None, false);
+    let r = anonymous
+        .post(gw.addr, "/agents/a", &get("GetTask"))
+        .await
+        .unwrap();
+    assert_eq!(a2a_error(&r), (401, -32000, "no_client_certificate".into()));
+    assert_eq!(r.json()["id"], 7);
+    assert_eq!(
+        agent.seen().len(),
+        2,
+        "the agent saw only the owner's send and get"
     );
 }
