@@ -29,20 +29,21 @@ use crate::relay_body::is_event_stream;
 use crate::routing::Partner;
 use crate::sse::splitter::{fields, Splitter};
 
-/// Sends an A2A message and records the owners its answer names; `held` (the permits
-/// counting the request) comes back with the answer.
+/// Sends an A2A call and, with a `recorder` (a message), records the owners its answer
+/// names; `held` (the permits counting the request) comes back with the answer.
 pub(crate) async fn send<G: Send + 'static>(
     partner: Arc<Partner>,
     req: Request<Full<Bytes>>,
-    recorder: Recorder,
+    recorder: Option<Recorder>,
     cfg: Arc<Config>,
     held: G,
 ) -> Result<(Response<AnswerBody>, G), GatewayError> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
-        let answer = match partner.pool.send(req).await {
-            Ok(resp) => record(resp, recorder, &cfg, &partner.config.name).await,
-            Err(e) => Err(e),
+        let answer = match (partner.pool.send(req).await, recorder) {
+            (Ok(resp), Some(r)) => record(resp, r, &cfg, &partner.config.name).await,
+            (Ok(resp), None) => Ok(resp.map(|b| b.map_err(Into::into).boxed_unsync())),
+            (Err(e), _) => Err(e),
         };
         let _ = tx.send(answer.map(|resp| (resp, held)));
     });

@@ -90,8 +90,14 @@ enum Work {
     Claim(PendingClaim),
     /// A `stream` request (`layers::streams`).
     Stream(StreamRequest, Option<PendingClaim>),
-    /// An A2A message, whose answer names the task and context it owns.
-    A2a(crate::policy::a2a::Recorder),
+    /// An A2A message, whose answer names the task and context it owns, or an A2A
+    /// event stream.
+    A2a {
+        /// Records the owners a message's answer names.
+        recorder: Option<crate::policy::a2a::Recorder>,
+        /// The answer is an event stream.
+        streams: bool,
+    },
 }
 
 /// Takes what the call needs out of the exchange and builds the Partner's request.
@@ -142,22 +148,23 @@ fn aip_work(x: &mut Exchange<Bytes>, call: &AipCall) -> Option<Work> {
 }
 
 /// What an A2A call needs beyond the plain way: a message's answer is read for the
-/// owners it names (`super::a2a_answer`).
+/// owners it names (`super::a2a_answer`); an event stream takes one of the caller's
+/// open-stream permits (`ratelimit.max_streams_per_aic`), held until it ends.
 fn a2a_work(
     x: &Exchange<Bytes>,
     call: &A2aCall,
     caller: &PeerIdentity,
     partner: &crate::routing::Partner,
 ) -> Option<Work> {
-    call.verb.sends().then(|| {
-        Work::A2a(crate::policy::a2a::Recorder {
-            owners: x.snap.tasks.clone(),
-            cluster: x.snap.cluster.clone(),
-            ttl: x.snap.config.tasks.ttl,
-            partner: partner.label.clone(),
-            aic: caller.aic,
-        })
-    })
+    let recorder = call.verb.sends().then(|| crate::policy::a2a::Recorder {
+        owners: x.snap.tasks.clone(),
+        cluster: x.snap.cluster.clone(),
+        ttl: x.snap.config.tasks.ttl,
+        partner: partner.label.clone(),
+        aic: caller.aic,
+    });
+    let streams = call.verb.streams();
+    (recorder.is_some() || streams).then_some(Work::A2a { recorder, streams })
 }
 
 /// A plain request's state while its response head is awaited.
@@ -223,15 +230,13 @@ impl Future for Forwarding {
     }
 }
 
-/// The answer relayed back under the idle bound, the in-flight permit held by its body.
-fn relay<B>(
-    x: &mut Exchange<()>,
-    resp: Response<B>,
-    in_flight: InFlightPermit,
-) -> Response<ResponseBody>
+/// The answer relayed back under the idle bound, the permits (`in_flight`: the
+/// Partner's in-flight permit, and an A2A stream's open-stream permit) held by its body.
+fn relay<B, G>(x: &mut Exchange<()>, resp: Response<B>, in_flight: G) -> Response<ResponseBody>
 where
     B: http_body::Body<Data = Bytes> + Unpin + Send + 'static,
     B::Error: Into<crate::body::BoxError>,
+    G: Send + Unpin + 'static,
 {
     let cfg = &x.state.snap.config;
     let (idle, on_failure) = (
@@ -278,12 +283,21 @@ async fn forward_boxed(mut x: Exchange<()>, p: Prepared, work: Work) -> Handled 
             let id = x.id.clone();
             streams::handle(&snap, partner, &p.caller, req, id, p.upstream, work).await
         }
-        Work::A2a(recorder) => {
-            let cfg = snap.config.clone();
-            let sent =
-                super::a2a_answer::send(partner.clone(), p.upstream, recorder, cfg, p.in_flight);
-            sent.await
-                .map(|(resp, in_flight)| relay(&mut x, resp, in_flight))
+        Work::A2a { recorder, streams } => {
+            let stream_permit = match streams.then(|| snap.streams.try_take(&p.caller.aic)) {
+                Some(None) => Err(GatewayError::busy("aic_streams")),
+                Some(permit) => Ok(permit),
+                None => Ok(None),
+            };
+            match stream_permit {
+                Ok(permit) => {
+                    let (cfg, held) = (snap.config.clone(), (p.in_flight, permit));
+                    let sent =
+                        super::a2a_answer::send(partner.clone(), p.upstream, recorder, cfg, held);
+                    sent.await.map(|(resp, held)| relay(&mut x, resp, held))
+                }
+                Err(e) => Err(e),
+            }
         }
         Work::Claim(claim) => {
             let cfg = snap.config.clone();

@@ -299,3 +299,46 @@ async fn an_a2a_agent_gets_the_same_bytes_and_its_callers_a2a_errors() {
         "the agent saw only the owner's send and get"
     );
 }
+
+/// An A2A event stream (`SubscribeToTask`, `message/stream`) takes one of its caller's
+/// open-stream permits while it is open, as an AIP `stream` does: past
+/// `ratelimit.max_streams_per_aic`, 429 -32000 `aic_streams`.
+#[tokio::test]
+async fn an_a2a_stream_counts_against_its_callers_open_streams() {
+    let agent = TestPartner::start(Behaviour::Hang).await;
+    let pki = Pki::new();
+    let partners = format!(
+        "[ratelimit]\nmax_streams_per_aic = 1\n{}",
+        partner_block("a", "/agents/a", &agent.url(), "protocol = \"a2a\"")
+    );
+    let gw = start_gateway(&pki.config("", &partners)).await;
+    let owner = pki.leader(LEADER_B, false);
+    let subscribe = r#"{"jsonrpc":"2.0","id":1,"method":"SubscribeToTask","params":{"id":"t-1"}}"#;
+    let (addr, first) = (gw.addr, owner.clone());
+    let open = tokio::spawn(async move { first.post(addr, "/agents/a", subscribe).await });
+    within(10, async {
+        while agent.seen().is_empty() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let stream = r#"{"jsonrpc":"2.0","id":2,"method":"message/stream","params":{"message":{"role":"user","parts":[]}}}"#;
+    // (Forwarded, it would hang at the agent: `within` fails it.)
+    let r = within(10, owner.post(gw.addr, "/agents/a", stream))
+        .await
+        .unwrap();
+    assert_eq!(a2a_error(&r), (429, -32000, "aic_streams".into()));
+    // Not a stream: not counted.
+    let get = r#"{"jsonrpc":"2.0","id":3,"method":"GetTask","params":{"id":"t-1"}}"#;
+    let (addr, again) = (gw.addr, owner.clone());
+    let plain = tokio::spawn(async move { again.post(addr, "/agents/a", get).await });
+    within(10, async {
+        while agent.seen().len() < 2 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert_eq!(agent.seen().len(), 2);
+    open.abort();
+    plain.abort();
+}
