@@ -342,3 +342,57 @@ async fn an_a2a_stream_counts_against_its_callers_open_streams() {
     open.abort();
     plain.abort();
 }
+
+/// Cluster mode: the owner an agent's answer names, recorded through one instance, is
+/// known to another that never saw the task (asked of Redis): another AIC's `GetTask`,
+/// a message to the owner's context and a list of it are refused there too, the owner's
+/// `GetTask` passes.
+#[tokio::test]
+async fn an_a2a_owner_recorded_on_one_instance_is_known_on_every_instance() {
+    use crate::cluster::{RedisServer, Store};
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let task = r#"{"jsonrpc":"2.0","id":1,"result":{"task":{"id":"t-9","contextId":"c-9","status":{"state":"TASK_STATE_WORKING"}}}}"#;
+    let agent = TestPartner::start(Behaviour::Fixed(task)).await;
+    let pki = Pki::new();
+    let text = pki.config(
+        "",
+        &format!(
+            "[cluster]\nmode = \"redis\"\n{}\ncommand_timeout = \"1s\"\n{}",
+            redis.lines(),
+            partner_block("a", "/agents/a", &agent.url(), "protocol = \"a2a\"")
+        ),
+    );
+    let (a, b) = (start_gateway(&text).await, start_gateway(&text).await);
+    let (owner, other) = (pki.leader(LEADER_B, false), pki.leader(LEADER_A, false));
+    let send = r#"{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"role":"ROLE_USER","parts":[]}}}"#;
+    let r = owner.post(a.addr, "/agents/a", send).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    // The owner reaches Redis after the answer (written beside it): waited for there.
+    let owned = |key: &str| redis.cmd(&["GET", key]) == redis::Value::BulkString(LEADER_B.into());
+    let task_key = "aipgw:{aipgw:task:1:a:3:t-9}:owner";
+    let context_key = "aipgw:{aipgw:task:1:a:12:\0context:c-9}:owner";
+    within(10, async {
+        while !(owned(task_key) && owned(context_key)) {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let get = r#"{"jsonrpc":"2.0","id":2,"method":"GetTask","params":{"id":"t-9"}}"#;
+    let r = other.post(b.addr, "/agents/a", get).await.unwrap();
+    assert_eq!(a2a_error(&r), (200, -32001, "task_not_found".into()));
+    let in_context = r#"{"jsonrpc":"2.0","id":3,"method":"SendMessage","params":{"message":{"role":"ROLE_USER","contextId":"c-9","parts":[]}}}"#;
+    let r = other.post(b.addr, "/agents/a", in_context).await.unwrap();
+    assert_eq!(a2a_error(&r), (200, -32001, "task_not_found".into()));
+    let list = r#"{"jsonrpc":"2.0","id":4,"method":"ListTasks","params":{"contextId":"c-9"}}"#;
+    let r = other.post(b.addr, "/agents/a", list).await.unwrap();
+    assert_eq!(a2a_error(&r), (200, -32001, "task_not_found".into()));
+    let r = owner.post(b.addr, "/agents/a", get).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        agent.seen().len(),
+        2,
+        "the agent saw the owner's send and get only"
+    );
+}
