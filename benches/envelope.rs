@@ -11,6 +11,9 @@
 //! - `value_tree`: `serde_json::Value`, for reference.
 //!
 //! Sizes ending in `_v2` are the same request in AIP v02.01's shape (`params.command`).
+//!
+//! `envelope_a2a`: an A2A `SendMessage` through `jsonrpc::a2a::parse` (every check of an
+//! A2A Partner's request) against a plain borrowed parse of the same fields.
 #![allow(missing_docs)]
 
 use std::hint::black_box;
@@ -159,5 +162,72 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+/// An A2A `SendMessage` (v1.0) of about `size` bytes, its text part padded.
+fn a2a_send(size: usize) -> Vec<u8> {
+    let head = r#"{"jsonrpc":"2.0","id":"req-1","method":"SendMessage","params":{"message":{"messageId":"9f1c2a8e-1b7d-4e55-8f0e-2a4b6c8d0e1f","role":"ROLE_USER","taskId":"3f0b8c52-6a1e-4d7a-9c3b-5e2f1a0d4b6c","contextId":"c7d1e2f3-a4b5-4c6d-8e9f-0a1b2c3d4e5f","parts":[{"text":""#;
+    let tail = r#""}]},"configuration":{"acceptedOutputModes":["text/plain"]}}}"#;
+    let pad = size.saturating_sub(head.len() + tail.len());
+    format!("{head}{}{tail}", "x".repeat(pad)).into_bytes()
+}
+
+/// The fields the gateway reads of an A2A message, as strict borrowed structs.
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct A2aEnv<'a> {
+    jsonrpc: &'a str,
+    method: &'a str,
+    #[serde(borrow)]
+    id: &'a RawValue,
+    #[serde(borrow)]
+    params: A2aParams<'a>,
+}
+
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct A2aParams<'a> {
+    #[serde(borrow)]
+    message: Option<A2aMsg<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)]
+struct A2aMsg<'a> {
+    task_id: Option<&'a str>,
+    context_id: Option<&'a str>,
+    role: Option<&'a str>,
+}
+
+/// The A2A envelope (`jsonrpc::a2a::parse`: text, depth, every check) against a plain
+/// borrowed parse of the same fields.
+fn bench_a2a(c: &mut Criterion) {
+    let mut g = c.benchmark_group("envelope_a2a");
+    for (name, size) in [("400B", 400), ("1.5KB", 1536), ("64KB", 65536)] {
+        let body = a2a_send(size);
+        assert!(jsonrpc::a2a::parse(&body, 64).is_ok());
+        g.throughput(Throughput::Bytes(body.len() as u64));
+        g.bench_with_input(BenchmarkId::new("ignored_any", name), &body, |b, body| {
+            b.iter(|| serde_json::from_slice::<IgnoredAny>(black_box(body)).unwrap())
+        });
+        g.bench_with_input(
+            BenchmarkId::new("plain_borrowed_nested", name),
+            &body,
+            |b, body| {
+                b.iter(|| {
+                    let p: A2aEnv<'_> = serde_json::from_slice(black_box(body)).unwrap();
+                    black_box(p.params.message.map(|m| m.task_id))
+                })
+            },
+        );
+        g.bench_with_input(BenchmarkId::new("a2a_parse", name), &body, |b, body| {
+            b.iter(|| {
+                let e = jsonrpc::a2a::parse(black_box(body), 64).ok().unwrap();
+                black_box(e.task_id.is_some())
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench, bench_a2a);
 criterion_main!(benches);

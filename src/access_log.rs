@@ -17,7 +17,7 @@ use crate::body::{BoxError, ResponseBody};
 use crate::relay_body::RelayError;
 
 use crate::identity::Aic;
-use crate::jsonrpc::{Command, Method};
+use crate::jsonrpc::Command;
 use crate::outcome::{Ending, StreamTally};
 use crate::trace::TraceContext;
 
@@ -45,14 +45,16 @@ pub(crate) struct RequestLog {
     pub aic: Option<Aic>,
     /// The Partner, once routed.
     pub partner: Option<Arc<str>>,
-    /// The JSON-RPC method, once validated.
-    pub method: Option<Method>,
+    /// The JSON-RPC method's wire name, once validated (AIP's, or A2A's own names).
+    pub method: Option<&'static str>,
     /// `params.message.command`.
     pub command: Option<Command>,
     /// The task.
     pub task_id: Option<LogText>,
     /// The session.
     pub session_id: Option<LogText>,
+    /// An A2A request's `contextId`.
+    pub context_id: Option<LogText>,
     /// The JSON-RPC error code the gateway answered with.
     pub code: Option<i32>,
     /// Its reason.
@@ -98,7 +100,7 @@ impl Drop for AccessLog {
         let l = &self.log;
         let total = self.started.elapsed();
         let partner = l.partner.as_deref().unwrap_or("");
-        let method = l.method.map_or("", |m| m.name());
+        let method = l.method.unwrap_or("");
         let aic = l.aic.as_ref().map_or("", |a| a.as_str());
         let events = l.stream.as_ref().map_or(0, |t| t.events());
         let ending = self.ending();
@@ -118,6 +120,7 @@ impl Drop for AccessLog {
             command = l.command.map_or("", |c| c.name()),
             task_id = l.task_id.as_ref().map_or("", |t| t.as_str()),
             session_id = l.session_id.as_ref().map_or("", |t| t.as_str()),
+            context_id = l.context_id.as_ref().map_or("", |t| t.as_str()),
             status = self.status,
             code,
             reason,

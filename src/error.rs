@@ -3,7 +3,11 @@
 //! Errors are classified by who caused them (the client, its credential, the Partner, the
 //! gateway); [`GatewayError::into_response`] is the only place that turns one into an
 //! HTTP status and a JSON-RPC error, and [`GatewayError::reason`] is the label that
-//! `error.data.reason`, logs and metrics share.
+//! `error.data.reason`, logs and metrics share. An A2A Partner's caller gets the same
+//! errors in A2A's terms ([`GatewayError::into_response_for`], `a2a`).
+
+mod a2a;
+pub use a2a::a2a_codes;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};

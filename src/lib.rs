@@ -49,7 +49,12 @@
 //! - `tls`: rustls server config (deferred or strict client verification), upstream
 //!   client config (Partner CA, gateway client cert, Partner AIC pinning), PEM loading.
 //! - [`identity`]: AIC format and check code; certificate -> AIC (pure functions).
-//! - [`jsonrpc`]: borrowed envelope parse, method/command vocabulary, error bodies.
+//! - [`jsonrpc`]: borrowed envelope parse, method/command vocabulary, error bodies;
+//!   `jsonrpc::a2a`: the envelope of an A2A Partner's requests (`protocol = "a2a"`), and
+//!   `jsonrpc::a2a_answer`: the task and context an A2A agent's answer names.
+//! - A2A Partners take the same path: their envelope in `Envelope`, ownership in
+//!   `Policy` (`layers::a2a_policy`, `policy::a2a`: recorded from the agent's answer by
+//!   `layers::a2a_answer`), their callers' errors in A2A's terms (`error::a2a`).
 //! - `routing`: the Partner table: host + path -> Partner and method.
 //! - `upstream`: clients to Partners: the gateway's own HTTP/1.1 client (`wire`: the bytes;
 //!   `conn`, `idle`: connections and those kept between requests; `h1`: a request on its

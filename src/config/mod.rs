@@ -31,7 +31,7 @@ use crate::identity::aic::DottedCheck;
 /// Key exchange groups (`[tls]`), checked against the build's crypto provider.
 pub use crate::tls::provider::Groups;
 /// Settings enums the rest of the gateway names (the file's raw structs stay in `raw`).
-pub use raw::{AipVersion, ErrorStatus, LogFormat, Scheduler, UnknownTask};
+pub use raw::{AipVersion, ErrorStatus, LogFormat, PartnerProtocol, Scheduler, UnknownTask};
 
 /// A validated configuration.
 #[derive(Debug, Clone)]
@@ -232,6 +232,8 @@ pub struct PartnerConfig {
     pub aic: Option<Aic>,
     /// Which AIP generation it speaks.
     pub aip_version: raw::AipVersion,
+    /// What it speaks: AIP, or A2A (an A2A agent's JSON-RPC endpoint).
+    pub protocol: raw::PartnerProtocol,
     /// HTTP/2 only (prior knowledge over `http://`).
     pub http2: bool,
     /// Upstream path for each method, indexed by [`Method::index`].
@@ -655,5 +657,28 @@ rpc = "/acps-aip-v1/rpc"
             "{}",
             error_of(&required)
         );
+    }
+
+    /// `protocol = "a2a"` makes an A2A Partner (AIP by default); the AIP method names of
+    /// `access.methods` and `paths` mean nothing to it and are refused.
+    #[test]
+    fn partner_protocol() {
+        let c = Config::parse(BASE, Path::new(".")).unwrap();
+        assert_eq!(c.partners[0].protocol, PartnerProtocol::Aip);
+        // BASE's Partner, its `paths` table replaced by `extra`.
+        let a2a = |extra: &str| {
+            BASE.replace("name = \"demo\"", "name = \"demo\"\nprotocol = \"a2a\"")
+                .replace("[partner.paths]\nrpc = \"/acps-aip-v1/rpc\"\n", extra)
+        };
+        let c = Config::parse(&a2a(""), Path::new(".")).unwrap();
+        assert_eq!(c.partners[0].protocol, PartnerProtocol::A2a);
+        let e = error_of(&a2a(
+            "[[partner.access.methods]]\nmethods = [\"rpc\"]\nallow = [\"*\"]\n",
+        ));
+        assert!(e.contains("access.methods"), "{e}");
+        let e = error_of(&a2a("[partner.paths]\nrpc = \"/x\"\n"));
+        assert!(e.contains("paths names AIP methods"), "{e}");
+        let e = error_of(&BASE.replace("name = \"demo\"", "name = \"demo\"\nprotocol = \"grpc\""));
+        assert!(e.contains("grpc"), "{e}");
     }
 }

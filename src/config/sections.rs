@@ -323,6 +323,14 @@ impl TryFrom<raw::RawPartner> for PartnerConfig {
         if p.name.is_empty() {
             bail!("name: must not be empty");
         }
+        if p.protocol == raw::PartnerProtocol::A2a {
+            if !p.access.methods.is_empty() {
+                bail!("access.methods names AIP methods: an A2A Partner (protocol = \"a2a\") has access.allow and access.deny only");
+            }
+            if !p.paths.is_empty() {
+                bail!("paths names AIP methods: an A2A Partner (protocol = \"a2a\") is reached at its upstream URL itself");
+            }
+        }
         let prefix = normalize_prefix(&p.prefix).context("prefix")?;
         if p.upstreams.is_empty() {
             bail!("upstreams: at least one upstream URL is required");
@@ -390,6 +398,7 @@ impl TryFrom<raw::RawPartner> for PartnerConfig {
             rates,
             max_in_flight: l.max_in_flight,
             aip_version: p.aip_version,
+            protocol: p.protocol,
             http2: p.http2,
             name: p.name,
             prefix,

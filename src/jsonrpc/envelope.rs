@@ -20,7 +20,7 @@ use super::vocab::{Command, Method};
 
 /// The fast path: a strict borrowed read of well-formed requests.
 mod strict;
-mod text;
+pub(crate) mod text;
 
 use text::{check_depth, check_text};
 

@@ -4,19 +4,21 @@
 //! (`application/json`, or no type, in UTF-8, without a content coding: HTTP 415
 //! otherwise); its JSON-RPC and AIP semantics are checked, the path's method must match
 //! the body's, and a Partner pinned to one AIP generation gets only that generation's
-//! shape. What later steps need is kept as a [`Call`].
+//! shape. An A2A Partner's request (`protocol = "a2a"`) is parsed as A2A instead
+//! (`jsonrpc::a2a`), with the same text, depth and media checks. What later steps need is
+//! kept as a [`Call`].
 
 use bytes::Bytes;
 
 use super::check::{Check, Refuse};
 use super::exchange::Exchange;
-use super::facts::{Admitted, Call};
+use super::facts::{A2aCall, Admitted, AipCall, Call};
 use super::handing::id_of_parsed;
 use crate::access_log::LogText;
-use crate::config::AipVersion;
+use crate::config::{AipVersion, PartnerProtocol};
 use crate::error::GatewayError;
 use crate::jsonrpc::envelope::{EnvelopeError, Shape};
-use crate::jsonrpc::{self, Method};
+use crate::jsonrpc::{self, Method, RpcId};
 
 /// The step (see the module documentation).
 pub(crate) enum EnvelopeStep {}
@@ -30,14 +32,46 @@ impl Check<Bytes, Admitted> for EnvelopeStep {
 
 /// Parses and checks the envelope, filling the exchange's id and log: what it says.
 fn read(x: &mut Exchange<Bytes, Admitted>) -> Result<Call, GatewayError> {
+    if x.facts.route.partner.config.protocol == PartnerProtocol::A2a {
+        return read_a2a(x).map(Call::A2a);
+    }
+    read_aip(x).map(Call::Aip)
+}
+
+/// An A2A Partner's request: the A2A envelope alone (`jsonrpc::a2a`), never AIP's
+/// semantics. An A2A agent has one JSON-RPC endpoint: the Partner's bare prefix; a path
+/// below it names no A2A method.
+fn read_a2a(x: &mut Exchange<Bytes, Admitted>) -> Result<A2aCall, GatewayError> {
+    let (body, route, x) = (&x.body, &x.facts.route, &mut *x.state);
+    let parsed = jsonrpc::a2a::parse(body, x.snap.config.max_json_depth);
+    let raw_id = match &parsed {
+        Ok(e) => Some(e.id),
+        Err(f) => f.id,
+    };
+    x.id = raw_id.map_or_else(RpcId::null, |r| RpcId::from_body(body, r));
+    check_media(&x.head.headers)?;
+    let envelope = parsed.map_err(|f| f.error)?;
+    if route.path_method.is_some() {
+        return Err(GatewayError::NoRoute(x.head.uri.path().to_owned()));
+    }
+    let call = A2aCall::of(body, &envelope);
+    let log = &mut x.log;
+    log.method = Some(call.verb.name());
+    log.task_id = envelope.task_id.as_ref().map(|t| LogText::of(body, t));
+    log.context_id = envelope.context_id.as_ref().map(|c| LogText::of(body, c));
+    Ok(call)
+}
+
+/// An AIP Partner's request.
+fn read_aip(x: &mut Exchange<Bytes, Admitted>) -> Result<AipCall, GatewayError> {
     let (body, route, x) = (&x.body, &x.facts.route, &mut *x.state);
     let parsed = jsonrpc::envelope::parse_within(body, x.snap.config.max_json_depth);
     x.id = id_of_parsed(body, &parsed);
     check_media(&x.head.headers)?;
     let envelope = parsed.map_err(|f| f.error)?.validate()?;
-    let call = Call::of(body, &envelope);
+    let call = AipCall::of(body, &envelope);
     let log = &mut x.log;
-    log.method = Some(call.method);
+    log.method = Some(call.method.name());
     log.command = call.command;
     log.task_id = envelope.task_id.as_ref().map(|t| LogText::of(body, t));
     log.session_id = envelope

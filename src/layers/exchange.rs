@@ -145,6 +145,14 @@ pub(crate) enum OwnerLookup {
     Claim(Text),
     /// No owner known here: ask Redis.
     Check(Text),
+    /// An A2A context (its store key) with no owner known here: ask Redis; without one
+    /// there, refused only with `refuse_unknown`.
+    Context {
+        /// The context's store key (`policy::a2a::context_key`).
+        key: Text,
+        /// Refuse a context no one owns.
+        refuse_unknown: bool,
+    },
 }
 
 /// What the steps know of a request, besides its body and the facts in its type.
@@ -165,6 +173,8 @@ pub(crate) struct State {
     pub(crate) owner_lookup: Option<OwnerLookup>,
     /// Strict quotas `StrictQuota` checks in Redis (cluster mode; `Quota`).
     pub(crate) strict: Vec<crate::ratelimit::StrictCheck>,
+    /// What the routed Partner speaks (`Route`): its callers' errors are in its terms.
+    pub(crate) protocol: Option<crate::config::PartnerProtocol>,
 }
 
 impl<B, F> std::ops::Deref for Exchange<B, F> {
@@ -262,7 +272,25 @@ impl State {
             claim: None,
             owner_lookup: None,
             strict: Vec::new(),
+            protocol: None,
         }
+    }
+
+    /// What the Partner the request is for speaks: as `Route` found it, else (a refusal
+    /// before the route, such as a missing certificate) looked up now, AIP without one.
+    pub(crate) fn protocol(&self) -> crate::config::PartnerProtocol {
+        self.protocol.unwrap_or_else(|| {
+            let host = crate::routing::request_host(
+                &self.head.uri,
+                &self.head.headers,
+                self.conn.sni.as_deref(),
+            );
+            self.snap
+                .router
+                .route(host.as_deref(), self.head.uri.path())
+                .map(|r| r.partner.config.protocol)
+                .unwrap_or_default()
+        })
     }
 
     /// The request's declared `Content-Length`.

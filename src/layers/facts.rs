@@ -150,9 +150,42 @@ impl Text {
     }
 }
 
-/// What a valid envelope says that later steps need, kept without borrowing the body.
+/// What a valid envelope says that later steps need, kept without borrowing the body:
+/// an AIP call, or an A2A call (a Partner with `protocol = "a2a"`).
 #[derive(Debug, Clone)]
-pub(crate) struct Call {
+pub(crate) enum Call {
+    /// An AIP request.
+    Aip(AipCall),
+    /// An A2A request.
+    A2a(A2aCall),
+}
+
+/// What a valid A2A envelope says (`jsonrpc::a2a`), kept without borrowing the body.
+#[derive(Debug, Clone)]
+pub(crate) struct A2aCall {
+    /// The method, as named.
+    pub(crate) verb: crate::jsonrpc::a2a::A2aVerb,
+    /// The task the call is about (`params.id`, `params.taskId`, `params.message.taskId`).
+    pub(crate) task_id: Option<Text>,
+    /// `params.message.contextId`, or `ListTasks`' `params.contextId`.
+    pub(crate) context_id: Option<Text>,
+}
+
+impl A2aCall {
+    /// The facts of a validated A2A envelope.
+    pub(crate) fn of(body: &Bytes, e: &crate::jsonrpc::a2a::A2aEnvelope<'_>) -> A2aCall {
+        let text = |s: &Option<std::borrow::Cow<'_, str>>| s.as_deref().map(|s| Text::of(body, s));
+        A2aCall {
+            verb: e.verb,
+            task_id: text(&e.task_id),
+            context_id: text(&e.context_id),
+        }
+    }
+}
+
+/// What a valid AIP envelope says that later steps need, kept without borrowing the body.
+#[derive(Debug, Clone)]
+pub(crate) struct AipCall {
     /// The JSON-RPC method.
     pub(crate) method: Method,
     /// v01.00 `params.message` or v02.01 `params.command`.
@@ -175,12 +208,12 @@ pub(crate) struct Call {
     pub(crate) last_event_seq: Option<u64>,
 }
 
-impl Call {
+impl AipCall {
     /// The facts of a validated envelope.
-    pub(crate) fn of(body: &Bytes, e: &crate::jsonrpc::Envelope<'_>) -> Call {
+    pub(crate) fn of(body: &Bytes, e: &crate::jsonrpc::Envelope<'_>) -> AipCall {
         let text = |s: &Option<std::borrow::Cow<'_, str>>| s.as_deref().map(|s| Text::of(body, s));
         let m = e.message.as_ref();
-        Call {
+        AipCall {
             method: e.method,
             shape: e.shape,
             has_message: m.is_some(),

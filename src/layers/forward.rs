@@ -18,7 +18,7 @@ use http_body_util::Either;
 
 use super::claim;
 use super::exchange::{Exchange, Handled, Refusal, Reply, State};
-use super::facts::Permitted;
+use super::facts::{A2aCall, AipCall, Call, Permitted};
 use super::streams::{self, StreamRequest};
 use crate::body::ResponseBody;
 use crate::error::GatewayError;
@@ -90,6 +90,14 @@ enum Work {
     Claim(PendingClaim),
     /// A `stream` request (`layers::streams`).
     Stream(StreamRequest, Option<PendingClaim>),
+    /// An A2A message, whose answer names the task and context it owns, or an A2A
+    /// event stream.
+    A2a {
+        /// Records the owners a message's answer names.
+        recorder: Option<crate::policy::a2a::Recorder>,
+        /// The answer is an event stream.
+        streams: bool,
+    },
 }
 
 /// Takes what the call needs out of the exchange and builds the Partner's request.
@@ -100,8 +108,30 @@ fn prepare(x: &mut Exchange<Bytes>, facts: Permitted) -> Result<Prepared, Gatewa
         call,
         permit: in_flight,
     } = facts;
+    let partner = &route.partner;
+    let (work, path) = match &call {
+        Call::Aip(call) => (aip_work(x, call), partner.path_for(call.method)),
+        // An A2A agent has one JSON-RPC endpoint: its upstream URL itself.
+        Call::A2a(call) => (a2a_work(x, call, &caller, partner), ""),
+    };
+    let headers = x.partner_headers(&caller);
+    let target = partner.pool.target(path);
+    let upstream = upstream_request(std::mem::take(&mut x.body), target, headers);
+    Ok(Prepared {
+        caller,
+        route,
+        upstream,
+        in_flight,
+        started: tokio::time::Instant::now(),
+        work,
+    })
+}
+
+/// What an AIP call needs beyond the plain way: a `stream` goes through the replay
+/// buffer, a `start` holds its claim until the answer.
+fn aip_work(x: &mut Exchange<Bytes>, call: &AipCall) -> Option<Work> {
     let claim = x.claim.take();
-    let work = match (call.has_message, call.method) {
+    match (call.has_message, call.method) {
         (true, Method::Stream) => {
             let req = StreamRequest {
                 command: call.command.unwrap_or(Command::Start),
@@ -114,19 +144,27 @@ fn prepare(x: &mut Exchange<Bytes>, facts: Permitted) -> Result<Prepared, Gatewa
             Some(Work::Stream(req, claim))
         }
         _ => claim.map(Work::Claim),
-    };
-    let headers = x.partner_headers(&caller);
-    let partner = &route.partner;
-    let target = partner.pool.target(partner.path_for(call.method));
-    let upstream = upstream_request(std::mem::take(&mut x.body), target, headers);
-    Ok(Prepared {
-        caller,
-        route,
-        upstream,
-        in_flight,
-        started: tokio::time::Instant::now(),
-        work,
-    })
+    }
+}
+
+/// What an A2A call needs beyond the plain way: a message's answer is read for the
+/// owners it names (`super::a2a_answer`); an event stream takes one of the caller's
+/// open-stream permits (`ratelimit.max_streams_per_aic`), held until it ends.
+fn a2a_work(
+    x: &Exchange<Bytes>,
+    call: &A2aCall,
+    caller: &PeerIdentity,
+    partner: &crate::routing::Partner,
+) -> Option<Work> {
+    let recorder = call.verb.sends().then(|| crate::policy::a2a::Recorder {
+        owners: x.snap.tasks.clone(),
+        cluster: x.snap.cluster.clone(),
+        ttl: x.snap.config.tasks.ttl,
+        partner: partner.label.clone(),
+        aic: caller.aic,
+    });
+    let streams = call.verb.streams();
+    (recorder.is_some() || streams).then_some(Work::A2a { recorder, streams })
 }
 
 /// A plain request's state while its response head is awaited.
@@ -192,15 +230,13 @@ impl Future for Forwarding {
     }
 }
 
-/// The answer relayed back under the idle bound, the in-flight permit held by its body.
-fn relay<B>(
-    x: &mut Exchange<()>,
-    resp: Response<B>,
-    in_flight: InFlightPermit,
-) -> Response<ResponseBody>
+/// The answer relayed back under the idle bound, the permits (`in_flight`: the
+/// Partner's in-flight permit, and an A2A stream's open-stream permit) held by its body.
+fn relay<B, G>(x: &mut Exchange<()>, resp: Response<B>, in_flight: G) -> Response<ResponseBody>
 where
     B: http_body::Body<Data = Bytes> + Unpin + Send + 'static,
     B::Error: Into<crate::body::BoxError>,
+    G: Send + Unpin + 'static,
 {
     let cfg = &x.state.snap.config;
     let (idle, on_failure) = (
@@ -246,6 +282,22 @@ async fn forward_boxed(mut x: Exchange<()>, p: Prepared, work: Work) -> Handled 
             };
             let id = x.id.clone();
             streams::handle(&snap, partner, &p.caller, req, id, p.upstream, work).await
+        }
+        Work::A2a { recorder, streams } => {
+            let stream_permit = match streams.then(|| snap.streams.try_take(&p.caller.aic)) {
+                Some(None) => Err(GatewayError::busy("aic_streams")),
+                Some(permit) => Ok(permit),
+                None => Ok(None),
+            };
+            match stream_permit {
+                Ok(permit) => {
+                    let (cfg, held) = (snap.config.clone(), (p.in_flight, permit));
+                    let sent =
+                        super::a2a_answer::send(partner.clone(), p.upstream, recorder, cfg, held);
+                    sent.await.map(|(resp, held)| relay(&mut x, resp, held))
+                }
+                Err(e) => Err(e),
+            }
         }
         Work::Claim(claim) => {
             let cfg = snap.config.clone();

@@ -46,6 +46,8 @@
 //! (`Snapshot::tls`), and per connection call [`ConnInfo::accepted`] and [`embedded`]
 //! with the handler. `examples/embedded_partner.rs` shows it.
 
+mod a2a_answer;
+mod a2a_policy;
 mod ask;
 mod authenticate;
 mod catch_panic;

@@ -14,6 +14,7 @@ use super::ask::Ask;
 use super::exchange::{Exchange, OwnerLookup, Refusal};
 use super::facts::Parsed;
 use crate::cluster::{tasks, Cluster};
+use crate::policy::a2a::{not_context_owner, unknown_context};
 use crate::policy::tasks::{not_task_owner, unknown_task, UnknownTask};
 
 /// The step (see the module documentation).
@@ -45,6 +46,7 @@ async fn ask(
     let partner = route.partner.config.name.clone();
     let task = match &lookup {
         OwnerLookup::Claim(t) | OwnerLookup::Check(t) => t.get(&x.body).to_owned(),
+        OwnerLookup::Context { key, .. } => key.get(&x.body).to_owned(),
     };
     let tasks_policy = &x.snap.config.tasks;
     match lookup {
@@ -87,6 +89,21 @@ async fn ask(
                 Ok(None) | Err(_) if unknown == UnknownTask::Refuse => {
                     Err(x.refuse(unknown_task(&task)))
                 }
+                Ok(None) | Err(_) => Ok(x),
+            }
+        }
+        OwnerLookup::Context { refuse_unknown, .. } => {
+            let context = task.strip_prefix("\0context:").unwrap_or(&task);
+            match tasks::owner(&cluster, &partner, &task).await {
+                Ok(Some(owner)) => {
+                    x.snap.tasks.learn(&partner, &task, &owner);
+                    if owner == aic {
+                        Ok(x)
+                    } else {
+                        Err(x.refuse(not_context_owner(context, &owner, &aic)))
+                    }
+                }
+                Ok(None) | Err(_) if refuse_unknown => Err(x.refuse(unknown_context(context))),
                 Ok(None) | Err(_) => Ok(x),
             }
         }

@@ -9,7 +9,7 @@ use bytes::Bytes;
 
 use super::check::{Check, Refuse};
 use super::exchange::{Exchange, OwnerLookup};
-use super::facts::{Parsed, Text};
+use super::facts::{Call, Parsed, Text};
 use crate::error::GatewayError;
 use crate::identity::Aic;
 use crate::jsonrpc::envelope::EnvelopeError;
@@ -34,6 +34,10 @@ fn check(x: &mut Exchange<Bytes, Parsed>) -> Result<(), GatewayError> {
     } = &x.facts;
     let x_body = &x.body;
     let x = &mut *x.state;
+    let call = match call {
+        Call::Aip(call) => call,
+        Call::A2a(call) => return super::a2a_policy::check(caller, route, call, x_body, x),
+    };
     let body = &x_body[..];
     fn text<'a>(t: &'a Option<Text>, body: &'a [u8]) -> Option<&'a str> {
         t.as_ref().map(|t| t.get(body))

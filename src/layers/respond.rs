@@ -99,14 +99,17 @@ impl<F: Future<Output = Handled>> Future for Responding<F> {
         let (response, state) = match outcome {
             Ok(Reply { response, state }) => (response, state),
             Err(Refusal { error, mut state }) => {
-                let (snap, log) = (&state.snap, &mut state.log);
                 tracing::debug!(peer = %state.conn.peer, reason = error.reason(), %error, "request refused");
-                let (_, code, reason) = error.classify();
+                // An A2A Partner's caller gets the error in A2A's terms (`error::a2a`).
+                let protocol = state.protocol();
+                let (snap, log) = (&state.snap, &mut state.log);
+                let (_, code, reason) = error.classify_for(protocol);
                 log.code = Some(code);
                 log.reason = Some(reason);
                 snap.metrics.refusal(&error, log.partner.as_deref());
                 let mode = snap.config.listener.error_status;
-                (error.into_response(&state.id, mode).map(full), state)
+                let response = error.into_response_for(&state.id, mode, protocol);
+                (response.map(full), state)
             }
         };
         let super::exchange::State {

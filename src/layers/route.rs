@@ -25,6 +25,7 @@ impl<B> Check<B, Verified> for RouteStep {
             });
         };
         x.log.partner = Some(route.partner.label.clone());
+        x.protocol = Some(route.partner.config.protocol);
         Ok(route)
     }
 }

@@ -5,6 +5,7 @@
 //! (access rules: [`access`]) or comparisons against short lists and allocates nothing. Every refusal is `-32009` with a reason,
 //! except a blocked AIC, whose credential counts as revoked (`-32010`).
 
+pub(crate) mod a2a;
 pub(crate) mod access;
 mod owner_ids;
 pub(crate) mod pattern;
@@ -76,6 +77,22 @@ impl PartnerAccess {
         partner: &str,
     ) -> Result<(), GatewayError> {
         self.check_fields(&peer.aic, &peer.fields, method, partner)
+    }
+
+    /// Checks a verified caller against the rule for every method alone: an A2A
+    /// Partner has no per-method rules (they name AIP methods; refused at load).
+    pub fn check_base(
+        &self,
+        peer: &PeerIdentity,
+        method: &str,
+        partner: &str,
+    ) -> Result<(), GatewayError> {
+        self.base
+            .decide_fields(&peer.aic, &peer.fields)
+            .map_err(|reason| GatewayError::Forbidden {
+                reason,
+                detail: format!("{} may not call {method} at Partner {partner}", peer.aic),
+            })
     }
 
     /// Checks an AIC against the Partner's rules for a method.

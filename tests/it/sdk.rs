@@ -65,11 +65,19 @@ asyncio.run(main())
 /// ensurepip fails. A half-made environment is removed before the next try, and what each
 /// failed step printed is in the failure message.
 fn sdk_python() -> Option<PathBuf> {
-    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("acps-sdk-venv");
+    python_with(&[SDK], "acps-sdk-venv", "acps_sdk.aip.aip_rpc_client")
+}
+
+/// A python in the virtual environment `venv_name` under the target directory with the
+/// requirements `specs` installed (`module` importable), or `None` (skipped) when it
+/// cannot be had outside CI (see [`sdk_python`]); `tests/it/a2a.rs` installs a2a-sdk
+/// this way too.
+pub(crate) fn python_with(specs: &[&str], venv_name: &str, module: &str) -> Option<PathBuf> {
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join(venv_name);
     let python = venv.join("bin/python3");
     let ready = |python: &Path| {
         Command::new(python)
-            .args(["-c", "import acps_sdk.aip.aip_rpc_client"])
+            .args(["-c", &format!("import {module}")])
             .output()
             .is_ok_and(|o| o.status.success())
     };
@@ -78,7 +86,12 @@ fn sdk_python() -> Option<PathBuf> {
     }
     let venv_arg = venv.to_string_lossy();
     let python_arg = python.to_string_lossy();
-    let pip = ["install", "--quiet", "--disable-pip-version-check", SDK];
+    let pip = [
+        &["install", "--quiet", "--disable-pip-version-check"][..],
+        specs,
+    ]
+    .concat();
+    let spec = specs.join(" ");
     let mut failed = Vec::new();
     for interpreter in ["python3", "/usr/bin/python3"] {
         let with_pip: [Vec<&str>; 2] = [
@@ -102,11 +115,11 @@ fn sdk_python() -> Option<PathBuf> {
     }
     assert!(
         std::env::var("CI").as_deref() != Ok("true"),
-        "cannot install {SDK} into {venv_arg} (CI=true: .ci/run installs python3 and its \
+        "cannot install {spec} into {venv_arg} (CI=true: .ci/run installs python3 and its \
          venv module); what failed:\n{}",
         failed.join("\n")
     );
-    eprintln!("{SDK} could not be installed: test skipped");
+    eprintln!("{spec} could not be installed: test skipped");
     None
 }
 

@@ -227,6 +227,17 @@ pub enum AipVersion {
     V2,
 }
 
+/// `[[partner]] protocol`: the protocol a Partner speaks behind the gateway.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PartnerProtocol {
+    /// AIP (ACPs), v1 or v2 by `aip_version`.
+    #[default]
+    Aip,
+    /// A2A (Agent2Agent), JSON-RPC binding, v1.0 and v0.3 method names.
+    A2a,
+}
+
 /// `[listener]`
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -447,6 +458,9 @@ pub struct RawPartner {
     /// Which AIP generation it speaks: `auto`, `v1` or `v2`.
     #[serde(default)]
     pub aip_version: AipVersion,
+    /// What the Partner speaks: `aip` (default) or `a2a` (an A2A agent's JSON-RPC endpoint).
+    #[serde(default)]
+    pub protocol: PartnerProtocol,
     /// Speak HTTP/2 to it: prior knowledge for `http://` upstreams, required by ALPN for
     /// `https://` ones. Every request (and open stream) then shares one connection per
     /// upstream URL instead of taking one each; while requests are open on it, it is

@@ -7,7 +7,7 @@ use super::{invalid, EnvelopeError};
 /// The body is UTF-8 and no `\u` escape in it is half of a surrogate pair: a lone
 /// surrogate is valid JSON syntax, but no UTF-8 string can hold it, so a Partner's parser
 /// refuses it or mangles it differently from the gateway's.
-pub(super) fn check_text(body: &[u8]) -> Result<&str, EnvelopeError> {
+pub(crate) fn check_text(body: &[u8]) -> Result<&str, EnvelopeError> {
     // simdutf8 runs the common case (valid, mostly ASCII) at about twice std's speed on
     // large bodies; std's validator then finds the position for the error message.
     let Ok(text) = simdutf8::basic::from_utf8(body) else {
@@ -66,7 +66,7 @@ pub(super) fn check_text(body: &[u8]) -> Result<&str, EnvelopeError> {
 /// count settles for nearly every request; only others are walked byte by byte, strings
 /// (and their escapes) skipped.
 #[inline]
-pub(super) fn check_depth(body: &[u8], max: usize) -> Result<(), EnvelopeError> {
+pub(crate) fn check_depth(body: &[u8], max: usize) -> Result<(), EnvelopeError> {
     if opens_at_most(body, max) {
         return Ok(());
     }
