@@ -100,6 +100,8 @@
 //!   `revocation::crypto`.
 //! - `systemd`: what systemd is told (`sd_notify`: ready, reloading, stopping, status,
 //!   the main process after a take-over).
+//! - `a2a`: what the gateway does itself for A2A agents: their agent cards (`a2a::card`)
+//!   and the push-notification URL policy (`a2a::push`).
 //! - `hex`: lowercase hex encoding.
 //! - `allocator`: jemalloc's own figures (allocated, resident, metadata) for `/metrics`.
 
@@ -117,6 +119,7 @@ compile_error!(
      SCM_RIGHTS on a Unix socket (server::handover), which other systems do not have"
 );
 
+pub(crate) mod a2a;
 pub(crate) mod access_log;
 pub mod admin;
 pub(crate) mod allocator;

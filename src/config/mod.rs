@@ -31,7 +31,7 @@ use crate::identity::aic::DottedCheck;
 /// Key exchange groups (`[tls]`), checked against the build's crypto provider.
 pub use crate::tls::provider::Groups;
 /// Settings enums the rest of the gateway names (the file's raw structs stay in `raw`).
-pub use raw::{AipVersion, ErrorStatus, LogFormat, Scheduler, UnknownTask};
+pub use raw::{AipVersion, ErrorStatus, LogFormat, PartnerProtocol, Scheduler, UnknownTask};
 
 /// A validated configuration.
 #[derive(Debug, Clone)]
@@ -232,6 +232,13 @@ pub struct PartnerConfig {
     pub aic: Option<Aic>,
     /// Which AIP generation it speaks.
     pub aip_version: raw::AipVersion,
+    /// What the Partner speaks: AIP or A2A.
+    pub protocol: raw::PartnerProtocol,
+    /// An A2A Partner's agent card settings (`[partner.a2a.card]`; `None` for AIP).
+    pub a2a_card: Option<std::sync::Arc<crate::a2a::card::settings::CardSettings>>,
+    /// An A2A Partner's push-notification URL policy (`[partner.a2a.push]`; `None` for
+    /// AIP).
+    pub a2a_push: Option<std::sync::Arc<crate::a2a::push::PushPolicy>>,
     /// HTTP/2 only (prior knowledge over `http://`).
     pub http2: bool,
     /// Upstream path for each method, indexed by [`Method::index`].

@@ -34,6 +34,11 @@ fn read(x: &mut Exchange<Bytes, Admitted>) -> Result<Call, GatewayError> {
     let parsed = jsonrpc::envelope::parse_within(body, x.snap.config.max_json_depth);
     x.id = id_of_parsed(body, &parsed);
     check_media(&x.head.headers)?;
+    if route.partner.config.protocol == crate::config::PartnerProtocol::A2a {
+        // An A2A agent's envelope is not AIP's: only JSON-RPC's form is checked here.
+        parsed.map_err(|f| f.error)?;
+        return Ok(Call::opaque());
+    }
     let envelope = parsed.map_err(|f| f.error)?.validate()?;
     let call = Call::of(body, &envelope);
     let log = &mut x.log;

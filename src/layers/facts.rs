@@ -176,6 +176,22 @@ pub(crate) struct Call {
 }
 
 impl Call {
+    /// A call the AIP semantics do not apply to (an A2A Partner's): no message, no task.
+    pub(crate) fn opaque() -> Call {
+        Call {
+            method: Method::Rpc,
+            shape: None,
+            has_message: false,
+            command: None,
+            task_id: None,
+            session_id: None,
+            sender_id: None,
+            sender_role: None,
+            group_leader: None,
+            last_event_seq: None,
+        }
+    }
+
     /// The facts of a validated envelope.
     pub(crate) fn of(body: &Bytes, e: &crate::jsonrpc::Envelope<'_>) -> Call {
         let text = |s: &Option<std::borrow::Cow<'_, str>>| s.as_deref().map(|s| Text::of(body, s));

@@ -83,6 +83,22 @@ impl PartnerAccess {
         self.check_fields(aic, &AicFields::of(aic), method, partner)
     }
 
+    /// Checks a verified caller against the rule for every method only, for `what`
+    /// (a request that is no method: an A2A agent card).
+    pub(crate) fn check_base(
+        &self,
+        peer: &PeerIdentity,
+        what: &str,
+        partner: &str,
+    ) -> Result<(), GatewayError> {
+        self.base
+            .decide_fields(&peer.aic, &peer.fields)
+            .map_err(|reason| GatewayError::Forbidden {
+                reason,
+                detail: format!("{} may not read {what} at Partner {partner}", peer.aic),
+            })
+    }
+
     fn check_fields(
         &self,
         aic: &Aic,

@@ -1,6 +1,8 @@
 #![allow(unreachable_pub, missing_docs)]
 //! Integration tests: real TLS and real HTTP on loopback, certificates generated here.
 
+mod a2a_card;
+mod a2a_push;
 mod auth;
 mod body_rules;
 mod claims;

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod a2a;
 mod cluster;
 mod defaults;
 mod proxy;
@@ -18,6 +19,7 @@ mod tls;
 
 use defaults::*;
 
+pub use a2a::{RawA2a, RawA2aCard, RawA2aPush};
 pub use cluster::{RawCluster, RawClusterRateLimit, RawClusterReplay};
 pub use proxy::{ProxyProtocolMode, RawProxyProtocol};
 pub use revocation::RawRevocation;
@@ -225,6 +227,17 @@ pub enum AipVersion {
     V1,
     /// v02.01: `params.command` only (for `rpc` and `notification/start`).
     V2,
+}
+
+/// `[[partner]] protocol`: the protocol a Partner speaks behind the gateway.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PartnerProtocol {
+    /// AIP (ACPs), v1 or v2 by `aip_version`.
+    #[default]
+    Aip,
+    /// A2A (Agent2Agent), JSON-RPC binding, v1.0 and v0.3 method names.
+    A2a,
 }
 
 /// `[listener]`
@@ -447,6 +460,9 @@ pub struct RawPartner {
     /// Which AIP generation it speaks: `auto`, `v1` or `v2`.
     #[serde(default)]
     pub aip_version: AipVersion,
+    /// What the Partner speaks: `aip` (default) or `a2a` (an A2A agent's JSON-RPC endpoint).
+    #[serde(default)]
+    pub protocol: PartnerProtocol,
     /// Speak HTTP/2 to it: prior knowledge for `http://` upstreams, required by ALPN for
     /// `https://` ones. Every request (and open stream) then shares one connection per
     /// upstream URL instead of taking one each; while requests are open on it, it is
@@ -466,6 +482,9 @@ pub struct RawPartner {
     /// This Partner's quotas and concurrency limit.
     #[serde(default)]
     pub limits: RawPartnerLimits,
+    /// An A2A Partner's agent card and push-notification URL policy (`protocol = "a2a"`).
+    #[serde(default)]
+    pub a2a: RawA2a,
 }
 
 /// `[partner.access]`
