@@ -383,3 +383,184 @@ async fn identity_and_access_rules_come_first() {
     );
     assert_eq!(get(&leader, gw.addr, CARD).await.status, 200);
 }
+
+/// The A2A Python SDK version the test pins (its card builder and card resolver).
+const A2A_SDK: &str = "a2a-sdk[http-server]==1.3.0";
+
+/// `card URL`: the card the SDK's server serves for an agent at URL (as its well-known
+/// route writes it, 1.0 fields and the 0.3 ones). `resolve BASE`: the SDK's card resolver
+/// reads the card at BASE over mutual TLS (CA, CERT, KEY), as 1.0 (`v1`), and the same
+/// bytes as the 0.3 compat model (`v03`).
+const SDK_SCRIPT: &str = r#"
+import asyncio, json, os, ssl, sys
+
+def make_card(agent_url):
+    from a2a.types.a2a_pb2 import AgentCard, AgentInterface, AgentCapabilities, AgentSkill
+    from a2a.server.request_handlers.response_helpers import agent_card_to_dict
+    card = AgentCard(
+        name="sdk-agent", description="an agent built on the SDK", version="1.0.0",
+        supported_interfaces=[
+            AgentInterface(url=agent_url, protocol_binding="JSONRPC", protocol_version="1.0"),
+            AgentInterface(url=agent_url, protocol_binding="JSONRPC", protocol_version="0.3"),
+        ],
+        capabilities=AgentCapabilities(streaming=True),
+        default_input_modes=["text"], default_output_modes=["text"],
+        skills=[AgentSkill(id="echo", name="echo", description="echoes", tags=["test"])],
+    )
+    print(json.dumps(agent_card_to_dict(card)), flush=True)
+
+async def resolve(base):
+    import httpx
+    from google.protobuf.json_format import MessageToDict
+    from a2a.client.card_resolver import A2ACardResolver
+    from a2a.compat.v0_3.types import AgentCard as V03Card
+    ctx = ssl.create_default_context(cafile=os.environ["CA"])
+    ctx.load_cert_chain(os.environ["CERT"], os.environ["KEY"])
+    out = {}
+    async with httpx.AsyncClient(verify=ctx) as client:
+        card = await A2ACardResolver(client, base).get_agent_card()
+        out["v1"] = MessageToDict(card)
+        raw = (await client.get(base + "/.well-known/agent-card.json")).json()
+    try:
+        out["v03"] = V03Card.model_validate(raw).model_dump(mode="json", exclude_none=True, by_alias=True)
+    except Exception as e:
+        out["v03_error"] = str(e)
+    print(json.dumps(out), flush=True)
+
+if sys.argv[1] == "card":
+    make_card(sys.argv[2])
+else:
+    asyncio.run(resolve(sys.argv[2]))
+"#;
+
+/// A python with the A2A SDK, or `None` (skipped) when it cannot be had outside CI:
+/// installed as `sdk.rs` installs `acps-sdk` (a virtual environment under the target
+/// directory, made with its own pip, else filled by the interpreter's `pip --python`).
+fn a2a_sdk_python() -> Option<std::path::PathBuf> {
+    use std::process::Command;
+    let venv = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("a2a-sdk-card-venv");
+    let python = venv.join("bin/python3");
+    let ready = |python: &std::path::Path| {
+        Command::new(python)
+            .args([
+                "-c",
+                "import a2a.client.card_resolver, a2a.server.request_handlers.response_helpers",
+            ])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if ready(&python) {
+        return Some(python);
+    }
+    let (venv_arg, python_arg) = (venv.to_string_lossy(), python.to_string_lossy());
+    let pip = ["install", "--quiet", "--disable-pip-version-check", A2A_SDK];
+    let mut failed = Vec::new();
+    for interpreter in ["python3", "/usr/bin/python3"] {
+        let with_pip: [Vec<&str>; 2] = [
+            vec![interpreter, "-m", "venv", &venv_arg],
+            [&[&*python_arg, "-m", "pip"][..], &pip].concat(),
+        ];
+        let without_pip: [Vec<&str>; 2] = [
+            vec![interpreter, "-m", "venv", "--without-pip", &venv_arg],
+            [
+                &[interpreter, "-m", "pip", "--python", &python_arg][..],
+                &pip,
+            ]
+            .concat(),
+        ];
+        for steps in [with_pip, without_pip] {
+            let _ = std::fs::remove_dir_all(&venv);
+            let ran = steps.iter().all(|line| {
+                let out = Command::new(line[0]).args(&line[1..]).output();
+                let ok = out.as_ref().is_ok_and(|o| o.status.success());
+                if !ok {
+                    let why = out.map_or_else(
+                        |e| e.to_string(),
+                        |o| {
+                            String::from_utf8_lossy(&o.stderr)
+                                .lines()
+                                .rev()
+                                .take(6)
+                                .collect::<Vec<_>>()
+                                .join(" | ")
+                        },
+                    );
+                    failed.push(format!("{}: {why}", line.join(" ")));
+                }
+                ok
+            });
+            if ran && ready(&python) {
+                return Some(python.clone());
+            }
+        }
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "cannot install {A2A_SDK} into {venv_arg} (CI=true: .ci/run installs python3 and its \
+         venv module); what failed:\n{}",
+        failed.join("\n")
+    );
+    eprintln!("{A2A_SDK} could not be installed: test skipped");
+    None
+}
+
+/// Runs the SDK script with `args` and `env`; its one line of output.
+async fn sdk_run(python: &std::path::Path, args: &[&str], env: &[(&str, String)]) -> String {
+    let mut cmd = std::process::Command::new(python);
+    cmd.arg("-c").arg(SDK_SCRIPT).args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The card an SDK agent serves, through the gateway, read by the SDK's own card
+/// resolver over mutual TLS: its interfaces name the gateway, and mutual TLS is among
+/// its schemes and requirements, read as 1.0 and as 0.3.
+#[tokio::test]
+async fn the_sdk_card_resolver_reads_the_rewritten_card() {
+    let Some(python) = tokio::task::spawn_blocking(a2a_sdk_python).await.unwrap() else {
+        return;
+    };
+    let pki = Pki::new();
+    let agent = CardAgent::start(String::new()).await;
+    let card = sdk_run(&python, &["card", &format!("{}/", agent.url())], &[]).await;
+    *agent.card.lock().unwrap() = card.trim().to_owned();
+    let gw = gateway_for(&pki, &agent.url(), "", "").await;
+    let (cert, key) = pki.write_pair("sdk-leader", &pki.issue(&CertSpec::leader_v2(LEADER_A)));
+    let base = format!("https://localhost:{}/a2a/agent", gw.addr.port());
+    let env = [
+        ("CA", pki.ca_pem.display().to_string()),
+        ("CERT", cert.display().to_string()),
+        ("KEY", key.display().to_string()),
+    ];
+    let out = sdk_run(&python, &["resolve", &base], &env).await;
+    let out: Value = serde_json::from_str(&out).unwrap();
+    let v1 = &out["v1"];
+    assert_eq!(v1["name"], "sdk-agent");
+    let ifaces = v1["supportedInterfaces"].as_array().unwrap();
+    assert_eq!(ifaces.len(), 2, "{v1}");
+    assert!(ifaces.iter().all(|i| i["url"] == base.as_str()), "{v1}");
+    assert!(
+        v1["securitySchemes"][SCHEME]["mtlsSecurityScheme"]["description"].is_string(),
+        "{v1}"
+    );
+    assert_eq!(
+        v1["securityRequirements"],
+        json!([{"schemes": {SCHEME: {}}}]),
+        "an empty scope list reads back as an empty StringList: {v1}"
+    );
+    let v03 = &out["v03"];
+    assert!(out.get("v03_error").is_none(), "{out}");
+    assert_eq!(v03["url"], base.as_str());
+    assert_eq!(v03["securitySchemes"][SCHEME]["type"], "mutualTLS", "{v03}");
+    assert_eq!(v03["security"], json!([{SCHEME: []}]));
+}
