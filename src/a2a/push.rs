@@ -15,7 +15,8 @@
 //! What is refused ([`PushPolicy::check`]): a scheme other than `https` (and `http` with
 //! `allow_http`); user information, whitespace, control characters or a backslash in the
 //! URL; a host outside `allow_hosts` when it is set; and, unless `allow_private`, a host
-//! that is, or resolves (within `resolve_timeout`) to, any non-public address (`addr`).
+//! that is, or resolves (within `resolve_timeout`, at most `max_resolving` names at once)
+//! to, any non-public address (`addr`).
 //! The agent resolves the name again when it calls: a name whose DNS answer changes in
 //! between (rebinding) is caught only by `allow_hosts`.
 
@@ -40,6 +41,8 @@ pub struct PushPolicy {
     allow_http: bool,
     allow_private: bool,
     resolve_timeout: Duration,
+    /// Resolutions under way for this Partner (`max_resolving` permits).
+    resolving: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 impl PushPolicy {
@@ -50,6 +53,7 @@ impl PushPolicy {
         allow_http: bool,
         allow_private: bool,
         resolve_timeout: Duration,
+        max_resolving: usize,
     ) -> Result<PushPolicy, String> {
         let mut hosts = Vec::new();
         let mut suffixes = Vec::new();
@@ -67,8 +71,8 @@ impl PushPolicy {
                 None => hosts.push(h),
             }
         }
-        if resolve_timeout.is_zero() {
-            return Err("resolve_timeout: must be more than 0s".into());
+        if resolve_timeout.is_zero() || max_resolving == 0 {
+            return Err("resolve_timeout and max_resolving: must be more than 0".into());
         }
         Ok(PushPolicy {
             hosts,
@@ -76,6 +80,7 @@ impl PushPolicy {
             allow_http,
             allow_private,
             resolve_timeout,
+            resolving: std::sync::Arc::new(tokio::sync::Semaphore::new(max_resolving)),
         })
     }
 }
@@ -225,7 +230,11 @@ impl PushPolicy {
             Host::Ip(ip) => return judge(&ip.to_string(), ip),
             Host::Name(name) => name,
         };
-        let lookup = tokio::net::lookup_host((name.as_str(), port));
+        // At most `max_resolving` at once; waiting for a turn counts in the timeout.
+        let lookup = async {
+            let _turn = self.resolving.acquire().await;
+            tokio::net::lookup_host((name.as_str(), port)).await
+        };
         let addrs = match tokio::time::timeout(self.resolve_timeout, lookup).await {
             Err(_) => {
                 return Err(format!(

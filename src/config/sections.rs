@@ -407,6 +407,7 @@ impl TryFrom<raw::RawPartner> for PartnerConfig {
                     push.allow_http,
                     push.allow_private,
                     push.resolve_timeout,
+                    push.max_resolving,
                 )
             })
             .transpose()

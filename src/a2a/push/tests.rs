@@ -3,7 +3,7 @@ use super::*;
 fn policy(extra: &str) -> PushPolicy {
     let raw: crate::config::raw::RawA2aPush = toml::from_str(extra).unwrap();
     let p = (&raw.allow_hosts, raw.allow_http, raw.allow_private);
-    PushPolicy::new(p.0, p.1, p.2, raw.resolve_timeout).unwrap()
+    PushPolicy::new(p.0, p.1, p.2, raw.resolve_timeout, raw.max_resolving).unwrap()
 }
 
 fn urls(body: &str) -> Option<Result<Vec<(&'static str, String)>, Unreadable>> {
@@ -134,6 +134,19 @@ async fn allowed_hosts_http_and_private() {
         .await
         .unwrap_err()
         .contains("a loopback"));
-    let bad = PushPolicy::new(&["a/b".into()], false, false, Duration::from_secs(1));
+    let bad = PushPolicy::new(&["a/b".into()], false, false, Duration::from_secs(1), 1);
     assert!(bad.unwrap_err().contains("allow_hosts[0]"));
+}
+
+/// `max_resolving` names at once: a lookup waiting for a turn counts in its timeout.
+#[tokio::test(start_paused = true)]
+async fn resolutions_wait_for_a_turn_within_the_timeout() {
+    let p = PushPolicy::new(&[], false, false, Duration::from_millis(300), 1).unwrap();
+    let turn = p.resolving.clone().acquire_owned().await.unwrap();
+    let e = p.check("https://localhost/h").await.unwrap_err();
+    assert!(e.contains("did not resolve within 300ms"), "{e}");
+    // An IP literal needs no turn.
+    p.check("https://93.184.215.14/h").await.unwrap();
+    drop(turn);
+    assert!(p.check("https://localhost/h").await.unwrap_err().contains("resolves to"));
 }

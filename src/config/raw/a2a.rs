@@ -70,6 +70,9 @@ pub struct RawA2aPush {
     /// not resolve in time is refused.
     #[serde(with = "humantime_serde")]
     pub resolve_timeout: Duration,
+    /// Host names resolved at once for this Partner's requests at most (default 16); a
+    /// request that finds none free waits within its `resolve_timeout`.
+    pub max_resolving: usize,
 }
 
 impl Default for RawA2aPush {
@@ -79,6 +82,7 @@ impl Default for RawA2aPush {
             allow_http: false,
             allow_private: false,
             resolve_timeout: Duration::from_secs(2),
+            max_resolving: 16,
         }
     }
 }
