@@ -168,6 +168,17 @@ pub enum GatewayError {
         /// The old process.
         pid: u32,
     },
+    /// A push-notification URL handed to an A2A agent breaks the Partner's policy
+    /// (`[partner.a2a.push]`, see `a2a::push`): the request is not forwarded.
+    #[error("push notification URL {url:?} at {field} refused: {problem}")]
+    PushUrlRefused {
+        /// Where in the body (`params.url`, ...).
+        field: &'static str,
+        /// The URL (empty when the config could not be read).
+        url: String,
+        /// Why.
+        problem: String,
+    },
     /// The Partner's answer broke the HTTP protocol.
     #[error("Partner {partner} failed: {detail}")]
     UpstreamProtocol {
@@ -262,6 +273,9 @@ impl GatewayError {
             GatewayError::RateLimited { reason, .. } => {
                 (StatusCode::TOO_MANY_REQUESTS, RATE_LIMITED, reason)
             }
+            GatewayError::PushUrlRefused { .. } => {
+                (StatusCode::FORBIDDEN, INVALID_REQUEST, "push_url_refused")
+            }
             GatewayError::Internal { reason } => {
                 (StatusCode::INTERNAL_SERVER_ERROR, INTERNAL_ERROR, reason)
             }
@@ -317,7 +331,8 @@ impl GatewayError {
             _ => None,
         };
         let field = match self {
-            GatewayError::Envelope(EnvelopeError::InvalidParams { field, .. }) => Some(*field),
+            GatewayError::Envelope(EnvelopeError::InvalidParams { field, .. })
+            | GatewayError::PushUrlRefused { field, .. } => Some(*field),
             _ => None,
         };
         let retry_after_ms = match self {

@@ -169,6 +169,7 @@ impl Snapshot {
                 config: Arc::clone(p),
                 pool,
                 in_flight,
+                card: p.a2a_card.as_ref().map(|_| Default::default()),
             }));
         }
         let limiter: Arc<dyn Limiter> = match previous {

@@ -14,12 +14,13 @@
 //!             SetSensitiveRequestHeaders -> Respond (request -> Exchange under the
 //!             current snapshot) -> Trace (request id, trace context) -> Authenticate
 //!             (verdict as of now, block list) -> Route (POST, host + path -> Partner)
-//!             -> Quota (before the body) -> ReadBody (size + time bounded, one Bytes)
+//!             -> Quota (before the body) -> Card (A2A: an agent card's GET answered)
+//!             -> ReadBody (size + time bounded, one Bytes)
 //!             -> Envelope (borrowed parse: the id; semantics) -> CatchPanic ->
 //!             StrictQuota (cluster mode: strict quotas in Redis) -> Policy (senderId,
 //!             role, access rules, task ownership) -> Owners (cluster mode: task owners
-//!             in Redis) -> Permit (Partner in flight) -> Forward (same Bytes to the
-//!             Partner; answer::vet; relayed back; `stream`: layers::streams records
+//!             in Redis) -> PushUrls (A2A: push URLs checked) -> Permit (Partner in
+//!             flight) -> Forward (same Bytes to the Partner; answer::vet; relayed back; `stream`: layers::streams records
 //!             it, and may answer a `re-stream` from this instance's buffer or, in
 //!             cluster mode, another's copy in Redis)
 //!             or, for a Partner embedding the path (layers::embedded), Handoff (its
@@ -106,6 +107,8 @@
 //!   `revocation::crypto`.
 //! - `systemd`: what systemd is told (`sd_notify`: ready, reloading, stopping, status,
 //!   the main process after a take-over).
+//! - `a2a`: what the gateway does itself for A2A agents: their agent cards (`a2a::card`)
+//!   and the push-notification URL policy (`a2a::push`).
 //! - `hex`: lowercase hex encoding.
 //! - `allocator`: jemalloc's own figures (allocated, resident, metadata) for `/metrics`.
 
@@ -123,6 +126,7 @@ compile_error!(
      SCM_RIGHTS on a Unix socket (server::handover), which other systems do not have"
 );
 
+pub(crate) mod a2a;
 pub(crate) mod access_log;
 pub mod admin;
 pub(crate) mod allocator;

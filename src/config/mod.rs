@@ -232,8 +232,13 @@ pub struct PartnerConfig {
     pub aic: Option<Aic>,
     /// Which AIP generation it speaks.
     pub aip_version: raw::AipVersion,
-    /// What it speaks: AIP, or A2A (an A2A agent's JSON-RPC endpoint).
+    /// What the Partner speaks: AIP or A2A.
     pub protocol: raw::PartnerProtocol,
+    /// An A2A Partner's agent card settings (`[partner.a2a.card]`; `None` for AIP).
+    pub a2a_card: Option<std::sync::Arc<crate::a2a::card::settings::CardSettings>>,
+    /// An A2A Partner's push-notification URL policy (`[partner.a2a.push]`; `None` for
+    /// AIP).
+    pub a2a_push: Option<std::sync::Arc<crate::a2a::push::PushPolicy>>,
     /// HTTP/2 only (prior knowledge over `http://`).
     pub http2: bool,
     /// Upstream path for each method, indexed by [`Method::index`].

@@ -393,12 +393,42 @@ impl TryFrom<raw::RawPartner> for PartnerConfig {
         if l.max_in_flight == Some(0) {
             bail!("limits.max_in_flight: must be at least 1 (omit it for no limit)");
         }
+        let a2a = p.protocol == raw::PartnerProtocol::A2a;
+        let (card, push) = (&p.a2a.card, &p.a2a.push);
+        let a2a_card = a2a
+            .then(|| {
+                crate::a2a::card::settings::CardSettings::new(
+                    card.public_url.as_deref(),
+                    card.max_bytes,
+                    card.refresh,
+                    card.fetch_timeout,
+                    card.max_stale,
+                )
+            })
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("a2a.card.{e}"))?
+            .map(std::sync::Arc::new);
+        let a2a_push = a2a
+            .then(|| {
+                crate::a2a::push::PushPolicy::new(
+                    &push.allow_hosts,
+                    push.allow_http,
+                    push.allow_private,
+                    push.resolve_timeout,
+                    push.max_resolving,
+                )
+            })
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("a2a.push.{e}"))?
+            .map(std::sync::Arc::new);
         Ok(PartnerConfig {
             access,
             rates,
             max_in_flight: l.max_in_flight,
             aip_version: p.aip_version,
             protocol: p.protocol,
+            a2a_card,
+            a2a_push,
             http2: p.http2,
             name: p.name,
             prefix,

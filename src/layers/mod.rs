@@ -7,8 +7,9 @@
 //!                (the one place), access log line written when the body ends
 //! Trace          request id, W3C trace context
 //! Authenticate   the connection's identity verdict as of now; block list
-//! Route          POST only; host + path -> Partner
+//! Route          POST only (GET for an A2A agent card); host + path -> Partner
 //! Quota          per-AIC and per-Partner quotas, before the body is read
+//! Card           A2A Partners: a GET of the agent card answered (access rules first)
 //! ReadBody       whole body, bounded in size and time, one Bytes
 //! Envelope       borrowed parse (the id to echo), nesting depth, media type, charset and
 //!                coding, semantics, path method, generation
@@ -16,6 +17,7 @@
 //! StrictQuota    cluster mode: quotas marked `strict`, one Redis call per request
 //! Policy         senderId binding, role, access rules, task ownership
 //! Owners         cluster mode: a new claim, or an owner unknown here, asked of Redis
+//! PushUrls       A2A Partners: push-notification URLs checked against the policy
 //! Permit         Partner in-flight permit, held until the answer ends
 //! Forward        the gateway: the same Bytes to the Partner, the answer relayed
 //!   or Handoff   a Partner embedding the path: its own handler
@@ -50,6 +52,7 @@ mod a2a_answer;
 mod a2a_policy;
 mod ask;
 mod authenticate;
+mod card;
 mod catch_panic;
 mod check;
 mod claim;
@@ -63,6 +66,7 @@ mod ocsp_wait;
 mod owners;
 mod permit;
 mod policy;
+mod push;
 mod quota;
 mod read_body;
 mod respond;
@@ -171,6 +175,7 @@ where
         .layer(CheckLayer::<authenticate::AuthenticateStep>::new())
         .layer(CheckLayer::<route::RouteStep>::new())
         .layer(CheckLayer::<quota::QuotaStep>::new())
+        .layer(card::CardLayer)
         .layer(ReadBodyLayer)
         .layer(CheckLayer::<envelope::EnvelopeStep>::new())
         .layer(AskLayer::<ocsp_wait::OcspWaitStep>::new())
@@ -178,6 +183,7 @@ where
         .layer(AskLayer::<strict::StrictQuotaStep>::new())
         .layer(CheckLayer::<policy::PolicyStep>::new())
         .layer(AskLayer::<owners::OwnersStep>::new())
+        .layer(AskLayer::<push::PushUrlsStep>::new())
         .layer(CheckLayer::<permit::PermitStep>::new())
         .service(last)
 }

@@ -79,8 +79,9 @@ impl PartnerAccess {
         self.check_fields(&peer.aic, &peer.fields, method, partner)
     }
 
-    /// Checks a verified caller against the rule for every method alone: an A2A
-    /// Partner has no per-method rules (they name AIP methods; refused at load).
+    /// Checks a verified caller against the rule for every method alone, for `method`
+    /// (an A2A Partner's: it has no per-method rules, they name AIP methods and are
+    /// refused at load; or what is no method: the GET of an A2A agent card).
     pub fn check_base(
         &self,
         peer: &PeerIdentity,

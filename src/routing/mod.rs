@@ -27,6 +27,8 @@ pub struct Partner {
     /// Its requests in flight (limited by `limits.max_in_flight` when set); kept across
     /// reloads for the same Partner name.
     pub in_flight: Arc<crate::ratelimit::concurrency::InFlight>,
+    /// An A2A Partner's cached agent cards (`None` for AIP).
+    pub card: Option<crate::a2a::card::CardCache>,
 }
 
 impl Partner {
@@ -163,6 +165,7 @@ client_ca = ["ca"]
                         config: p,
                         pool,
                         in_flight: crate::ratelimit::concurrency::InFlight::new(None),
+                        card: None,
                     })
                 })
                 .collect(),

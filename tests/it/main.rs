@@ -2,6 +2,8 @@
 //! Integration tests: real TLS and real HTTP on loopback, certificates generated here.
 
 mod a2a;
+mod a2a_card;
+mod a2a_push;
 mod auth;
 mod body_rules;
 mod claims;

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod a2a;
 mod cluster;
 mod defaults;
 mod proxy;
@@ -18,6 +19,7 @@ mod tls;
 
 use defaults::*;
 
+pub use a2a::{RawA2a, RawA2aCard, RawA2aPush};
 pub use cluster::{RawCluster, RawClusterRateLimit, RawClusterReplay};
 pub use proxy::{ProxyProtocolMode, RawProxyProtocol};
 pub use revocation::RawRevocation;
@@ -480,6 +482,9 @@ pub struct RawPartner {
     /// This Partner's quotas and concurrency limit.
     #[serde(default)]
     pub limits: RawPartnerLimits,
+    /// An A2A Partner's agent card and push-notification URL policy (`protocol = "a2a"`).
+    #[serde(default)]
+    pub a2a: RawA2a,
 }
 
 /// `[partner.access]`
