@@ -14,7 +14,9 @@
 //!    the ends of the streams the drain closed reach Redis, and the writer stops;
 //! 2. the loops stop: until then stream leases, replay leases and task owners were kept
 //!    alive in Redis, for the streams the drain was still serving;
-//! 3. the services stop (the admin listener answered `/readyz` with 503 all along).
+//! 3. the services stop (the admin listener answered `/readyz` with 503 all along);
+//! 4. the audit log (`[audit]`) writes its stop record and what was queued before it
+//!    (within `listener.drain_timeout`), and its writer ends.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -34,6 +36,8 @@ pub enum Step {
     LoopsStopped,
     /// The operator services stopped.
     ServicesStopped,
+    /// The audit log's stop record was written and its writer ended (`[audit]` only).
+    AuditStopped,
 }
 
 /// Every task beside the listener (see the module documentation).
@@ -44,6 +48,10 @@ pub struct Background {
     loops: JoinSet<()>,
     /// The admin listener, the reload watcher.
     services: JoinSet<()>,
+    /// The audit log's writer and the log, when `[audit]` is on.
+    audit: Option<(JoinHandle<()>, Arc<crate::audit::Audit>)>,
+    /// How long the audit log's last records may take to be written.
+    drain_timeout: std::time::Duration,
 }
 
 impl Background {
@@ -73,10 +81,16 @@ impl Background {
                 writer = Some((handle, c));
             }
         }
+        let audit = snap
+            .audit
+            .writer()
+            .map(|w| (tokio::spawn(w), snap.audit.clone()));
         Background {
             writer,
             loops,
             services: JoinSet::new(),
+            audit,
+            drain_timeout: snap.config.listener.drain_timeout,
         }
     }
 
@@ -89,7 +103,7 @@ impl Background {
     /// Stops everything in order (see the module documentation), after the listener has
     /// drained; the steps taken, in order.
     pub async fn shutdown(mut self) -> Vec<Step> {
-        let mut steps = Vec::with_capacity(3);
+        let mut steps = Vec::with_capacity(4);
         if let Some((writer, cluster)) = self.writer.take() {
             cluster
                 .replay_flushed(cluster.settings().replay.flush_timeout)
@@ -105,6 +119,14 @@ impl Background {
         self.services.shutdown().await;
         tracing::debug!("shutdown: services stopped");
         steps.push(Step::ServicesStopped);
+        if let Some((writer, audit)) = self.audit.take() {
+            let timeout = self.drain_timeout;
+            audit.stop(timeout).await;
+            writer.abort();
+            let _ = writer.await;
+            tracing::debug!("shutdown: audit log stopped");
+            steps.push(Step::AuditStopped);
+        }
         steps
     }
 }
@@ -113,6 +135,9 @@ impl Drop for Background {
     /// Dropped without [`Background::shutdown`] (a panic, a test): nothing outlives it.
     fn drop(&mut self) {
         if let Some((writer, _)) = &self.writer {
+            writer.abort();
+        }
+        if let Some((writer, _)) = &self.audit {
             writer.abort();
         }
         // The JoinSets abort their tasks when dropped.

@@ -55,6 +55,8 @@ pub struct Snapshot {
     pub streams: Arc<StreamCounts>,
     /// Metrics (shared like the replay buffer).
     pub metrics: Arc<Metrics>,
+    /// The audit log (shared like the replay buffer).
+    pub audit: Arc<crate::audit::Audit>,
     /// Raised when the drain deadline passes (see [`Stores::closing`]).
     pub closing: Arc<tokio::sync::watch::Sender<bool>>,
     /// Shared state through Redis (`None`: one instance, `[cluster] mode = "local"`).
@@ -90,6 +92,8 @@ pub struct Stores {
     pub cluster: Option<Arc<Cluster>>,
     /// The streams the process this one took over from held.
     pub(crate) handed_over: Arc<HandedOver>,
+    /// The audit log (`[audit]`; a no-op when off).
+    pub audit: Arc<crate::audit::Audit>,
 }
 
 impl Snapshot {
@@ -202,6 +206,7 @@ impl Snapshot {
             closing: stores.closing,
             cluster: stores.cluster,
             handed_over: stores.handed_over,
+            audit: stores.audit,
             config: Arc::new(config),
         })
     }
@@ -234,7 +239,9 @@ impl Gateway {
     pub fn new(config: Config) -> anyhow::Result<Arc<Gateway>> {
         let metrics = Arc::new(Metrics::new());
         let cluster = Cluster::new(&config.cluster, metrics.clone())?;
+        let audit = crate::audit::Audit::open(config.audit.as_ref(), metrics.clone())?;
         let stores = Stores {
+            audit: Arc::new(audit),
             replay: Arc::new(MemoryStore::new(config.replay)),
             tasks: Arc::new(MemoryTaskOwners::new(
                 config.tasks.max_entries,
@@ -282,6 +289,18 @@ impl Gateway {
             streams: old.streams.clone(),
             cluster: old.cluster.clone(),
             handed_over: old.handed_over.clone(),
+            audit: old.audit.clone(),
+        };
+        // A new audit key is loaded before anything changes, and used once the new
+        // snapshot serves.
+        let next_key = old.audit.load_key(config.audit.as_ref());
+        let next_key = match next_key {
+            Ok(k) => k,
+            Err(e) => {
+                let labels = crate::metrics::ResultLabels { result: "failed" };
+                old.metrics.config_reloads.get_or_create(&labels).inc();
+                return Err(e);
+            }
         };
         let built = Snapshot::build(config, stores, Some(&old));
         let result = if built.is_ok() { "ok" } else { "failed" };
@@ -290,6 +309,7 @@ impl Gateway {
             .get_or_create(&crate::metrics::ResultLabels { result })
             .inc();
         self.current.store(Arc::new(built?));
+        old.audit.use_key(next_key);
         Ok(())
     }
 

@@ -49,6 +49,9 @@ pub fn reload_now(gateway: &Gateway, path: &Path) -> anyhow::Result<()> {
             Err(e)
         }
     };
+    // The audit log (the one the gateway started with) records both outcomes.
+    let error = result.as_ref().err().map(|e| format!("{e:#}"));
+    gateway.snapshot().audit.reloaded(path, error);
     match &result {
         Ok(()) => tracing::info!(config = %path.display(), "configuration reloaded"),
         Err(e) => tracing::error!(

@@ -175,6 +175,9 @@ async fn dispatch(
                 .await
                 .map_err(|e| failed(e.into()))
         }
+        Command::Audit {
+            command: super::AuditCommand::Verify { files, key },
+        } => super::audit::verify(&files, &key),
         #[cfg(feature = "dev")]
         Command::DevCerts { out } => {
             crate::devcerts::write_dev_certs(&out).map_err(failed)?;

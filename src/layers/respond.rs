@@ -105,6 +105,17 @@ impl<F: Future<Output = Handled>> Future for Responding<F> {
                 log.code = Some(code);
                 log.reason = Some(reason);
                 snap.metrics.refusal(&error, log.partner.as_deref());
+                if snap.audit.enabled() {
+                    let who = crate::audit::Caller {
+                        aic: log.aic.as_ref().map(|a| a.as_str().to_owned()),
+                        ip: state.conn.peer.ip(),
+                        method: log.method.map(|m| m.name()),
+                        partner: log.partner.clone(),
+                        task: log.task_id.as_ref().map(|t| t.as_str().to_owned()),
+                        trace_id: log.trace.as_ref().map(|t| t.trace_id().to_owned()),
+                    };
+                    snap.audit.refused(&error, who);
+                }
                 let mode = snap.config.listener.error_status;
                 (error.into_response(&state.id, mode).map(full), state)
             }

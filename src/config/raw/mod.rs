@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod audit;
 mod cluster;
 mod defaults;
 mod proxy;
@@ -18,6 +19,7 @@ mod tls;
 
 use defaults::*;
 
+pub use audit::RawAudit;
 pub use cluster::{RawCluster, RawClusterRateLimit, RawClusterReplay};
 pub use proxy::{ProxyProtocolMode, RawProxyProtocol};
 pub use revocation::RawRevocation;
@@ -82,6 +84,9 @@ pub struct RawConfig {
     /// Key exchange groups offered on each side.
     #[serde(default)]
     pub tls: RawTls,
+    /// The signed, hash-chained audit log (off by default).
+    #[serde(default)]
+    pub audit: RawAudit,
 }
 
 /// `[runtime]`: read once at start (a reload does not change it).
