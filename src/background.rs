@@ -15,7 +15,8 @@
 //! 2. the loops stop: until then stream leases, replay leases and task owners were kept
 //!    alive in Redis, for the streams the drain was still serving;
 //! 3. the services stop (the admin listener answered `/readyz` with 503 all along);
-//! 4. the audit log (`[audit]`) writes its stop record and what was queued before it
+//! 4. with AMP records, the `stop` system record is written; the audit log (`[audit]`)
+//!    writes its stop record and what was queued before it
 //!    (within `listener.drain_timeout`), and its writer ends.
 
 use std::future::Future;
@@ -50,6 +51,8 @@ pub struct Background {
     services: JoinSet<()>,
     /// The audit log's writer and the log, when `[audit]` is on.
     audit: Option<(JoinHandle<()>, Arc<crate::audit::Audit>)>,
+    /// AMP records (`[log] format = "amp"`): the stop record is written after the drain.
+    amp: Option<Arc<crate::amp::sink::AmpLog>>,
     /// How long the audit log's last records may take to be written.
     drain_timeout: std::time::Duration,
 }
@@ -81,6 +84,10 @@ impl Background {
                 writer = Some((handle, c));
             }
         }
+        if let Some(amp) = snap.amp.clone() {
+            amp.system("start", true, Default::default());
+            loops.spawn(amp.heartbeats());
+        }
         let audit = snap
             .audit
             .writer()
@@ -90,6 +97,7 @@ impl Background {
             loops,
             services: JoinSet::new(),
             audit,
+            amp: snap.amp.clone(),
             drain_timeout: snap.config.listener.drain_timeout,
         }
     }
@@ -119,6 +127,9 @@ impl Background {
         self.services.shutdown().await;
         tracing::debug!("shutdown: services stopped");
         steps.push(Step::ServicesStopped);
+        if let Some(amp) = &self.amp {
+            amp.system("stop", true, Default::default());
+        }
         if let Some((writer, audit)) = self.audit.take() {
             let timeout = self.drain_timeout;
             audit.stop(timeout).await;

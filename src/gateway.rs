@@ -57,6 +57,8 @@ pub struct Snapshot {
     pub metrics: Arc<Metrics>,
     /// The audit log (shared like the replay buffer).
     pub audit: Arc<crate::audit::Audit>,
+    /// AMP records (shared like the replay buffer; read at start).
+    pub amp: Option<Arc<crate::amp::sink::AmpLog>>,
     /// Raised when the drain deadline passes (see [`Stores::closing`]).
     pub closing: Arc<tokio::sync::watch::Sender<bool>>,
     /// Shared state through Redis (`None`: one instance, `[cluster] mode = "local"`).
@@ -94,6 +96,8 @@ pub struct Stores {
     pub(crate) handed_over: Arc<HandedOver>,
     /// The audit log (`[audit]`; a no-op when off).
     pub audit: Arc<crate::audit::Audit>,
+    /// AMP records (`[log] format = "amp"`), when on.
+    pub amp: Option<Arc<crate::amp::sink::AmpLog>>,
 }
 
 impl Snapshot {
@@ -191,6 +195,12 @@ impl Snapshot {
             .metrics
             .rebind_partners(&config.partner_metrics, names);
         record_cert_expiry(&stores.metrics, &config);
+        if let Some(amp) = &stores.amp {
+            let partners = config.partners.iter();
+            amp.set_callees(
+                partners.map(|p| (p.name.as_str(), p.aic.as_ref().map(|a| a.as_str()))),
+            );
+        }
         Ok(Snapshot {
             ocsp,
             partner_revocation,
@@ -207,6 +217,7 @@ impl Snapshot {
             cluster: stores.cluster,
             handed_over: stores.handed_over,
             audit: stores.audit,
+            amp: stores.amp,
             config: Arc::new(config),
         })
     }
@@ -240,7 +251,9 @@ impl Gateway {
         let metrics = Arc::new(Metrics::new());
         let cluster = Cluster::new(&config.cluster, metrics.clone())?;
         let audit = crate::audit::Audit::open(config.audit.as_ref(), metrics.clone())?;
+        let amp = config.amp.as_ref().map(crate::amp::sink::AmpLog::open);
         let stores = Stores {
+            amp: amp.transpose()?.map(Arc::new),
             audit: Arc::new(audit),
             replay: Arc::new(MemoryStore::new(config.replay)),
             tasks: Arc::new(MemoryTaskOwners::new(
@@ -290,6 +303,7 @@ impl Gateway {
             cluster: old.cluster.clone(),
             handed_over: old.handed_over.clone(),
             audit: old.audit.clone(),
+            amp: old.amp.clone(),
         };
         // A new audit key is loaded before anything changes, and used once the new
         // snapshot serves.

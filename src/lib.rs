@@ -102,7 +102,7 @@
 //!   the main process after a take-over).
 //! - `hex`: lowercase hex encoding.
 //! - `allocator`: jemalloc's own figures (allocated, resident, metadata) for `/metrics`.
-//! - `amp`: ACPs AMP records (the `LogRecord` envelope).
+//! - [`amp`]: ACPs AMP records (the `LogRecord` envelope; `[log] format = "amp"`).
 //! - [`audit`]: the signed, hash-chained audit log of security decisions, its writer
 //!   task (run by `background`) and `aipgw audit verify`.
 
@@ -123,7 +123,7 @@ compile_error!(
 pub(crate) mod access_log;
 pub mod admin;
 pub(crate) mod allocator;
-pub(crate) mod amp;
+pub mod amp;
 pub(crate) mod answer;
 pub mod audit;
 pub mod background;

@@ -3,7 +3,10 @@
 //! the spec writes them (`acps-specs/09-ACPs-spec-AMP`). A value the gateway does not
 //! know is left out, never invented.
 //!
-//! Used by the audit log (`crate::audit`: `logType` `audit`, signed and chained).
+//! Used by the audit log (`crate::audit`: `logType` `audit`, signed and chained) and by
+//! `[log] format = "amp"` ([`sink`]: access, heartbeat and system records).
+
+pub mod sink;
 
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -15,8 +18,14 @@ pub(crate) const SCHEMA_VERSION: &str = "2.1.0";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum LogType {
+    /// The gateway is alive.
+    Heartbeat,
+    /// One request through the gateway.
+    Access,
     /// A security decision (signed, chained).
     Audit,
+    /// Start, stop, reload.
+    System,
 }
 
 /// `severityText` and `severityNumber` (the spec's base levels, OpenTelemetry's).

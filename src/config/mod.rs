@@ -85,6 +85,8 @@ pub struct Config {
     pub cluster: crate::cluster::ClusterSettings,
     /// CRLs fetched over HTTP(S) and kept current (`[revocation]`).
     pub revocation: crate::revocation::settings::RevocationSettings,
+    /// AMP records (`[log] format = "amp"`; `None`: off).
+    pub amp: Option<crate::amp::sink::AmpSettings>,
     /// The audit log (`[audit]`; `None`: off).
     pub audit: Option<crate::audit::AuditSettings>,
     /// The Partners, in file order; each shared with the snapshot's `Partner` built from
@@ -354,6 +356,7 @@ impl Config {
         let names: Vec<&str> = partners.iter().map(|p| p.name.as_str()).collect();
         raw.admin.partner_metrics.check(&names)?;
         let audit = raw.audit.settings(&raw.listener.cert, &suffix)?;
+        let amp = raw.log.amp(&raw.listener.cert, &suffix)?;
         Ok(Config {
             source: None,
             listener: ListenerConfig {
@@ -392,6 +395,7 @@ impl Config {
             cluster,
             revocation,
             audit,
+            amp,
             partners,
         })
     }
@@ -491,6 +495,7 @@ fn resolve_paths(raw: &mut RawConfig, base: &Path) {
     raw.revocation.tls_ca.iter_mut().for_each(resolve);
     let a = &mut raw.audit;
     a.file.iter_mut().chain(a.key.iter_mut()).for_each(resolve);
+    raw.log.amp_file.iter_mut().for_each(resolve);
 }
 
 #[cfg(test)]

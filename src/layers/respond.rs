@@ -121,8 +121,16 @@ impl<F: Future<Output = Handled>> Future for Responding<F> {
             }
         };
         let super::exchange::State {
-            log, snap, conn, ..
+            log,
+            snap,
+            conn,
+            head,
+            ..
         } = *state;
+        let amp = snap
+            .amp
+            .as_ref()
+            .map(|a| (a.clone(), head.uri.path().into()));
         let status = response.status().as_u16();
         // Only a request that made a stream tally can have an event stream.
         let streamed = log.stream.is_some() && is_event_stream(response.headers());
@@ -136,6 +144,7 @@ impl<F: Future<Output = Handled>> Future for Responding<F> {
             bytes_out: 0,
             streamed,
             cut: None,
+            amp,
         };
         Poll::Ready(Ok(response.map(|body| Logged { body, access })))
     }

@@ -1,6 +1,7 @@
 #![allow(unreachable_pub, missing_docs)]
 //! Integration tests: real TLS and real HTTP on loopback, certificates generated here.
 
+mod amp;
 mod audit;
 mod auth;
 mod body_rules;

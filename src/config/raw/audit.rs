@@ -106,7 +106,7 @@ impl RawAudit {
 }
 
 /// The AIC of the listener's certificate.
-fn listener_aic(cert: &std::path::Path, suffix: &str) -> anyhow::Result<String> {
+pub(super) fn listener_aic(cert: &std::path::Path, suffix: &str) -> anyhow::Result<String> {
     let certs = crate::tls::pem::load_certs(cert)?;
     let first = certs
         .first()

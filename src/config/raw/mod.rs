@@ -683,6 +683,10 @@ pub enum LogFormat {
     Pretty,
     /// One JSON object per line.
     Json,
+    /// The access log as ACPs AMP `LogRecord`s (JSON lines to standard output or
+    /// `log.amp_file`), with heartbeat and system records; other logs as `json` on
+    /// standard error.
+    Amp,
 }
 
 /// `[log]`
@@ -692,8 +696,16 @@ pub enum LogFormat {
 pub struct RawLog {
     /// A tracing filter (`info`, `aipgw=debug`, ...); `RUST_LOG` overrides it.
     pub level: String,
-    /// `pretty` or `json`.
+    /// `pretty`, `json` or `amp`.
     pub format: LogFormat,
+    /// With `amp`: the file the AMP records are appended to (default: standard output).
+    pub amp_file: Option<PathBuf>,
+    /// With `amp`: a heartbeat record this often (default 30 s; `0s`: none).
+    #[serde(with = "humantime_serde")]
+    pub heartbeat_interval: Duration,
+    /// With `amp`: the gateway's AIC, each record's `aic` (default: the AIC of the
+    /// listener's certificate; a certificate without one makes this required).
+    pub aic: Option<String>,
 }
 
 impl Default for RawLog {
@@ -701,7 +713,37 @@ impl Default for RawLog {
         RawLog {
             level: "info".to_owned(),
             format: LogFormat::Pretty,
+            amp_file: None,
+            heartbeat_interval: Duration::from_secs(30),
+            aic: None,
         }
+    }
+}
+
+impl RawLog {
+    /// The AMP record settings (`None` unless `format = "amp"`); `cert` is the
+    /// listener's certificate, whose AIC is the default `aic`.
+    pub(crate) fn amp(
+        &self,
+        cert: &std::path::Path,
+        suffix: &str,
+    ) -> anyhow::Result<Option<crate::amp::sink::AmpSettings>> {
+        if self.format != LogFormat::Amp {
+            return Ok(None);
+        }
+        let aic = match &self.aic {
+            Some(a) => a.clone(),
+            None => audit::listener_aic(cert, suffix).map_err(|e| {
+                anyhow::anyhow!(
+                    "log.aic: not set, and the listener's certificate carries no AIC to take ({e})"
+                )
+            })?,
+        };
+        Ok(Some(crate::amp::sink::AmpSettings {
+            file: self.amp_file.clone(),
+            aic,
+            heartbeat: Some(self.heartbeat_interval).filter(|d| !d.is_zero()),
+        }))
     }
 }
 
