@@ -335,7 +335,7 @@ async fn access_heartbeat_and_system_records_follow_the_amp_field_list() {
     let partner = TestPartner::start(Behaviour::Echo).await;
     let amp = pki.dir.path().join("amp.log");
     let audit_log = pki.dir.path().join("audit.log");
-    let key = pki.write("audit.key", &aws_lc_rs_pkcs8_pem());
+    let key = pki.write("audit.key", &pkcs8_pem());
     let cfg = |beat: &str| {
         pki.config(
             "",
@@ -413,7 +413,7 @@ async fn access_heartbeat_and_system_records_follow_the_amp_field_list() {
 }
 
 /// An Ed25519 key, PKCS#8 PEM.
-fn aws_lc_rs_pkcs8_pem() -> String {
+pub fn pkcs8_pem() -> String {
     use base64::prelude::*;
     let pkcs8 = aws_lc_rs::signature::Ed25519KeyPair::generate()
         .unwrap()

@@ -11,6 +11,7 @@ mod cluster_failover;
 mod cluster_replay;
 mod cluster_topology;
 mod conn_slots;
+mod dashboard;
 mod demo;
 mod embedded;
 mod enforcement;
