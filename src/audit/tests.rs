@@ -144,3 +144,17 @@ async fn quota_refusals_are_one_record_per_aic_per_interval_within_a_bound() {
     assert_eq!(quota["attributes"]["audit.windowSeconds"], 10);
     assert_eq!(quota["body"]["actor"]["ip"], "192.0.2.7");
 }
+
+#[test]
+fn the_signed_form_is_rfc_8785() {
+    // RFC 8785's own number examples (section 3.2.2.3) and key order (UTF-16 code units).
+    let v: Value = serde_json::from_str(
+        r#"{"numbers":[333333333.33333329,1E30,4.50,2e-3,0.000000000000000000000000001,-0.0,1.0],
+            "b":"\u20ac","a":{"z":true,"é":null,"A":"x"}}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        String::from_utf8(super::record::canonical(&v)).unwrap(),
+        r#"{"a":{"A":"x","z":true,"é":null},"b":"€","numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27,0,1]}"#
+    );
+}
