@@ -85,6 +85,9 @@ pub(crate) struct AccessLog {
     pub(crate) streamed: bool,
     /// How a plain body ended early, read from its error frame.
     pub(crate) cut: Option<Ending>,
+    /// With `[log] format = "amp"`: the AMP writer and the request's path; the access
+    /// record is written there instead of the line.
+    pub(crate) amp: Option<(Arc<crate::amp::sink::AmpLog>, Box<str>)>,
 }
 
 impl AccessLog {
@@ -99,16 +102,47 @@ impl Drop for AccessLog {
     fn drop(&mut self) {
         let l = &self.log;
         let total = self.started.elapsed();
-        let partner = l.partner.as_deref().unwrap_or("");
-        let method = l.method.unwrap_or("");
-        let aic = l.aic.as_ref().map_or("", |a| a.as_str());
-        let events = l.stream.as_ref().map_or(0, |t| t.events());
         let ending = self.ending();
         // A failure after the head: the status stands, the code and reason tell.
         let (mut code, mut reason) = (l.code.unwrap_or(0), l.reason.unwrap_or(""));
         if let Some(e) = ending.filter(|e| e.failed() && code == 0) {
             (code, reason) = (crate::error::codes::INTERNAL_ERROR, e.reason);
         }
+        if let Some((amp, path)) = &self.amp {
+            amp.access(&crate::amp::sink::Access {
+                duration: total,
+                method: l.method,
+                path: Some(path),
+                bytes_in: l.bytes_in,
+                status: self.status,
+                bytes_out: self.bytes_out,
+                caller_aic: l.aic.as_ref().map(|a| a.as_str()),
+                caller_ip: self.peer.ip(),
+                partner: l.partner.as_deref(),
+                code,
+                reason,
+                trace_id: l.trace.as_ref().map(|t| t.trace_id()),
+                task: l.task_id.as_ref().map(|t| t.as_str()),
+                session: l.session_id.as_ref().map(|t| t.as_str()),
+                command: l.command.map(|c| c.name()),
+                request_id: l.trace.as_ref().map(|t| t.request_id()),
+                events: l.stream.as_ref().map(|t| t.events()),
+            });
+        } else {
+            self.line(total, code, reason);
+        }
+        self.count(total, code, ending);
+    }
+}
+
+impl AccessLog {
+    /// The access log line (the `pretty` and `json` formats).
+    fn line(&self, total: Duration, code: i32, reason: &str) {
+        let l = &self.log;
+        let partner = l.partner.as_deref().unwrap_or("");
+        let method = l.method.unwrap_or("");
+        let aic = l.aic.as_ref().map_or("", |a| a.as_str());
+        let events = l.stream.as_ref().map_or(0, |t| t.events());
         tracing::info!(
             target: "aipgw::access",
             peer = %self.peer,
@@ -133,6 +167,13 @@ impl Drop for AccessLog {
             trace_id = l.trace.as_ref().map_or("", |t| t.trace_id()),
             "request"
         );
+    }
+
+    /// The request's metrics.
+    fn count(&self, total: Duration, code: i32, ending: Option<Ending>) {
+        let l = &self.log;
+        let partner = l.partner.as_deref().unwrap_or("");
+        let method = l.method.unwrap_or("");
         let m = &self.metrics;
         // The Partner's own series, or `other` beyond `admin.partner_metrics`.
         let label = m.partner_label(l.partner.as_deref());

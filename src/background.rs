@@ -17,7 +17,10 @@
 //!    (within `cluster.replay.flush_timeout`), so those ends reach Redis, and stops;
 //! 2. the loops stop: until then stream leases, replay leases and task owners were kept
 //!    alive in Redis, for the streams the drain was still serving;
-//! 3. the services stop (the admin listener answered `/readyz` with 503 all along).
+//! 3. the services stop (the admin listener answered `/readyz` with 503 all along);
+//! 4. with AMP records, the `stop` system record is written; the audit log (`[audit]`)
+//!    writes its stop record and what was queued before it
+//!    (within `listener.drain_timeout`), and its writer ends.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -37,6 +40,8 @@ pub enum Step {
     LoopsStopped,
     /// The operator services stopped.
     ServicesStopped,
+    /// The audit log's stop record was written and its writer ended (`[audit]` only).
+    AuditStopped,
 }
 
 /// Every task beside the listener (see the module documentation).
@@ -49,6 +54,12 @@ pub struct Background {
     services: JoinSet<()>,
     /// The gateway's closing signal (shared by every snapshot).
     closing: Arc<tokio::sync::watch::Sender<bool>>,
+    /// The audit log's writer and the log, when `[audit]` is on.
+    audit: Option<(JoinHandle<()>, Arc<crate::audit::Audit>)>,
+    /// AMP records (`[log] format = "amp"`): the stop record is written after the drain.
+    amp: Option<Arc<crate::amp::sink::AmpLog>>,
+    /// How long the audit log's last records may take to be written.
+    drain_timeout: std::time::Duration,
 }
 
 impl Background {
@@ -78,11 +89,22 @@ impl Background {
                 writer = Some((handle, c));
             }
         }
+        if let Some(amp) = snap.amp.clone() {
+            amp.system("start", true, Default::default());
+            loops.spawn(amp.heartbeats());
+        }
+        let audit = snap
+            .audit
+            .writer()
+            .map(|w| (tokio::spawn(w), snap.audit.clone()));
         Background {
             writer,
             loops,
             services: JoinSet::new(),
             closing: snap.closing.clone(),
+            audit,
+            amp: snap.amp.clone(),
+            drain_timeout: snap.config.listener.drain_timeout,
         }
     }
 
@@ -95,7 +117,7 @@ impl Background {
     /// Stops everything in order (see the module documentation), after the listener has
     /// drained; the steps taken, in order.
     pub async fn shutdown(mut self) -> Vec<Step> {
-        let mut steps = Vec::with_capacity(3);
+        let mut steps = Vec::with_capacity(4);
         self.closing.send_replace(true);
         if let Some((writer, cluster)) = self.writer.take() {
             cluster
@@ -112,6 +134,17 @@ impl Background {
         self.services.shutdown().await;
         tracing::debug!("shutdown: services stopped");
         steps.push(Step::ServicesStopped);
+        if let Some(amp) = &self.amp {
+            amp.system("stop", true, Default::default());
+        }
+        if let Some((writer, audit)) = self.audit.take() {
+            let timeout = self.drain_timeout;
+            audit.stop(timeout).await;
+            writer.abort();
+            let _ = writer.await;
+            tracing::debug!("shutdown: audit log stopped");
+            steps.push(Step::AuditStopped);
+        }
         steps
     }
 }
@@ -120,6 +153,9 @@ impl Drop for Background {
     /// Dropped without [`Background::shutdown`] (a panic, a test): nothing outlives it.
     fn drop(&mut self) {
         if let Some((writer, _)) = &self.writer {
+            writer.abort();
+        }
+        if let Some((writer, _)) = &self.audit {
             writer.abort();
         }
         // The JoinSets abort their tasks when dropped.

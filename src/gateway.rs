@@ -55,6 +55,10 @@ pub struct Snapshot {
     pub streams: Arc<StreamCounts>,
     /// Metrics (shared like the replay buffer).
     pub metrics: Arc<Metrics>,
+    /// The audit log (shared like the replay buffer).
+    pub audit: Arc<crate::audit::Audit>,
+    /// AMP records (shared like the replay buffer; read at start).
+    pub amp: Option<Arc<crate::amp::sink::AmpLog>>,
     /// Raised when the drain deadline passes (see [`Stores::closing`]).
     pub closing: Arc<tokio::sync::watch::Sender<bool>>,
     /// Shared state through Redis (`None`: one instance, `[cluster] mode = "local"`).
@@ -90,6 +94,10 @@ pub struct Stores {
     pub cluster: Option<Arc<Cluster>>,
     /// The streams the process this one took over from held.
     pub(crate) handed_over: Arc<HandedOver>,
+    /// The audit log (`[audit]`; a no-op when off).
+    pub audit: Arc<crate::audit::Audit>,
+    /// AMP records (`[log] format = "amp"`), when on.
+    pub amp: Option<Arc<crate::amp::sink::AmpLog>>,
 }
 
 impl Snapshot {
@@ -188,6 +196,12 @@ impl Snapshot {
             .metrics
             .rebind_partners(&config.partner_metrics, names);
         record_cert_expiry(&stores.metrics, &config);
+        if let Some(amp) = &stores.amp {
+            let partners = config.partners.iter();
+            amp.set_callees(
+                partners.map(|p| (p.name.as_str(), p.aic.as_ref().map(|a| a.as_str()))),
+            );
+        }
         Ok(Snapshot {
             ocsp,
             partner_revocation,
@@ -203,6 +217,8 @@ impl Snapshot {
             closing: stores.closing,
             cluster: stores.cluster,
             handed_over: stores.handed_over,
+            audit: stores.audit,
+            amp: stores.amp,
             config: Arc::new(config),
         })
     }
@@ -235,7 +251,11 @@ impl Gateway {
     pub fn new(config: Config) -> anyhow::Result<Arc<Gateway>> {
         let metrics = Arc::new(Metrics::new());
         let cluster = Cluster::new(&config.cluster, metrics.clone())?;
+        let audit = crate::audit::Audit::open(config.audit.as_ref(), metrics.clone())?;
+        let amp = config.amp.as_ref().map(crate::amp::sink::AmpLog::open);
         let stores = Stores {
+            amp: amp.transpose()?.map(Arc::new),
+            audit: Arc::new(audit),
             replay: Arc::new(MemoryStore::new(config.replay)),
             tasks: Arc::new(MemoryTaskOwners::new(
                 config.tasks.max_entries,
@@ -283,6 +303,19 @@ impl Gateway {
             streams: old.streams.clone(),
             cluster: old.cluster.clone(),
             handed_over: old.handed_over.clone(),
+            audit: old.audit.clone(),
+            amp: old.amp.clone(),
+        };
+        // A new audit key is loaded before anything changes, and used once the new
+        // snapshot serves.
+        let next_key = old.audit.load_key(config.audit.as_ref());
+        let next_key = match next_key {
+            Ok(k) => k,
+            Err(e) => {
+                let labels = crate::metrics::ResultLabels { result: "failed" };
+                old.metrics.config_reloads.get_or_create(&labels).inc();
+                return Err(e);
+            }
         };
         let built = Snapshot::build(config, stores, Some(&old));
         let result = if built.is_ok() { "ok" } else { "failed" };
@@ -291,6 +324,7 @@ impl Gateway {
             .get_or_create(&crate::metrics::ResultLabels { result })
             .inc();
         self.current.store(Arc::new(built?));
+        old.audit.use_key(next_key);
         Ok(())
     }
 

@@ -111,6 +111,9 @@
 //!   and the push-notification URL policy (`a2a::push`).
 //! - `hex`: lowercase hex encoding.
 //! - `allocator`: jemalloc's own figures (allocated, resident, metadata) for `/metrics`.
+//! - [`amp`]: ACPs AMP records (the `LogRecord` envelope; `[log] format = "amp"`).
+//! - [`audit`]: the signed, hash-chained audit log of security decisions, its writer
+//!   task (run by `background`) and `aipgw audit verify`.
 
 // Items the benches and tests reach through `test_util` are `pub`; without that feature
 // they are unreachable, which the lint rightly reports in the build that has it.
@@ -130,7 +133,9 @@ pub(crate) mod a2a;
 pub(crate) mod access_log;
 pub mod admin;
 pub(crate) mod allocator;
+pub mod amp;
 pub(crate) mod answer;
+pub mod audit;
 pub mod background;
 pub mod body;
 pub mod cli;

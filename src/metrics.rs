@@ -7,6 +7,7 @@
 //! under `partner="other"`, see [`partners`]), whose series a reload that removes them
 //! drops.
 
+pub(crate) mod audit;
 mod partners;
 pub(crate) mod revocation;
 pub(crate) mod tls;
@@ -247,6 +248,8 @@ pub struct Metrics {
     pub(crate) ocsp: revocation::OcspSeries,
     /// The gateway's own certificate's OCSP staple (`revocation::staple`).
     pub(crate) staple: revocation::StapleSeries,
+    /// The audit log's records, losses and write errors (`audit`).
+    pub(crate) audit: audit::AuditSeries,
 }
 
 /// Requests: counts and latencies.
@@ -504,6 +507,7 @@ impl Metrics {
             crl: revocation::CrlSeries::default(),
             ocsp: revocation::OcspSeries::default(),
             staple: revocation::StapleSeries::default(),
+            audit: audit::AuditSeries::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -517,6 +521,7 @@ impl Metrics {
         m.crl.register(r);
         m.ocsp.register(r);
         m.staple.register(r);
+        m.audit.register(r);
         Metrics { registry, ..m }
     }
 

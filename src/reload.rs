@@ -49,6 +49,18 @@ pub fn reload_now(gateway: &Gateway, path: &Path) -> anyhow::Result<()> {
             Err(e)
         }
     };
+    // The audit log (the one the gateway started with) records both outcomes.
+    let error = result.as_ref().err().map(|e| format!("{e:#}"));
+    let snap = gateway.snapshot();
+    snap.audit.reloaded(path, error.clone());
+    if let Some(amp) = &snap.amp {
+        let mut detail = serde_json::Map::new();
+        detail.insert("config".into(), path.display().to_string().into());
+        if let Some(e) = &error {
+            detail.insert("error".into(), e.as_str().into());
+        }
+        amp.system("reload", error.is_none(), detail);
+    }
     match &result {
         Ok(()) => tracing::info!(config = %path.display(), "configuration reloaded"),
         Err(e) => tracing::error!(

@@ -59,7 +59,7 @@ pub fn main() -> ExitCode {
         .unwrap_or_else(|| "info".to_owned());
     let json = config
         .as_ref()
-        .is_some_and(|c| c.log_format == crate::config::LogFormat::Json);
+        .is_some_and(|c| c.log_format != crate::config::LogFormat::Pretty);
     init_tracing(&level, json);
     // The one TLS crypto provider, installed as the process default before any client
     // (the Redis one takes the default) is built.
@@ -175,6 +175,9 @@ async fn dispatch(
                 .await
                 .map_err(|e| failed(e.into()))
         }
+        Command::Audit {
+            command: super::AuditCommand::Verify { files, key },
+        } => super::audit::verify(&files, &key),
         #[cfg(feature = "dev")]
         Command::DevCerts { out } => {
             crate::devcerts::write_dev_certs(&out).map_err(failed)?;

@@ -1,5 +1,6 @@
 //! The command line: its arguments (clap) here, what each command does in `commands`.
 
+mod audit;
 mod commands;
 mod run;
 mod shared;
@@ -68,11 +69,34 @@ pub enum Command {
         #[arg(long, short)]
         config: Option<PathBuf>,
     },
+    /// The audit log (`[audit]`).
+    Audit {
+        /// What to do with it.
+        #[command(subcommand)]
+        command: AuditCommand,
+    },
     /// Write development certificates (a CA, gateway, Leaders, Partner).
     #[cfg(feature = "dev")]
     DevCerts {
         /// Output folder.
         #[arg(long, default_value = "certs")]
         out: PathBuf,
+    },
+}
+
+/// `aipgw audit ...`
+#[derive(Debug, Subcommand)]
+pub enum AuditCommand {
+    /// Check every record's signature and the hash chain through the files, in the order
+    /// given (rotated files first: FILE.2 FILE.1 FILE). Names the first record changed,
+    /// removed, inserted or reordered; exit 0 if the chain holds, 1 if not.
+    Verify {
+        /// The audit files, oldest first.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Public keys (SubjectPublicKeyInfo PEM files, `openssl pkey -pubout`),
+        /// comma-separated: every key the records may be signed with.
+        #[arg(long, required = true)]
+        key: String,
     },
 }

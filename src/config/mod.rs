@@ -85,6 +85,10 @@ pub struct Config {
     pub cluster: crate::cluster::ClusterSettings,
     /// CRLs fetched over HTTP(S) and kept current (`[revocation]`).
     pub revocation: crate::revocation::settings::RevocationSettings,
+    /// AMP records (`[log] format = "amp"`; `None`: off).
+    pub amp: Option<crate::amp::sink::AmpSettings>,
+    /// The audit log (`[audit]`; `None`: off).
+    pub audit: Option<crate::audit::AuditSettings>,
     /// The Partners, in file order; each shared with the snapshot's `Partner` built from
     /// it (a reload neither copies a Partner's config nor keeps two of its access sets).
     pub partners: Vec<std::sync::Arc<PartnerConfig>>,
@@ -358,6 +362,8 @@ impl Config {
         ratelimit.limiter.partners = partners.iter().map(|p| (p.name.clone(), p.rates)).collect();
         let names: Vec<&str> = partners.iter().map(|p| p.name.as_str()).collect();
         raw.admin.partner_metrics.check(&names)?;
+        let audit = raw.audit.settings(&raw.listener.cert, &suffix)?;
+        let amp = raw.log.amp(&raw.listener.cert, &suffix)?;
         Ok(Config {
             source: None,
             listener: ListenerConfig {
@@ -395,6 +401,8 @@ impl Config {
             ratelimit,
             cluster,
             revocation,
+            audit,
+            amp,
             partners,
         })
     }
@@ -492,6 +500,9 @@ fn resolve_paths(raw: &mut RawConfig, base: &Path) {
         .chain(c.tls_key.iter_mut())
         .for_each(resolve);
     raw.revocation.tls_ca.iter_mut().for_each(resolve);
+    let a = &mut raw.audit;
+    a.file.iter_mut().chain(a.key.iter_mut()).for_each(resolve);
+    raw.log.amp_file.iter_mut().for_each(resolve);
 }
 
 #[cfg(test)]

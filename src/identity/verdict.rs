@@ -181,13 +181,28 @@ impl ConnIdentity {
 
     /// The verdict as of now under `trust`.
     pub fn verdict(&self, trust: &Trust, now: u64) -> ConnAuth {
+        self.verdict_noting(trust, now, |_, _| {})
+    }
+
+    /// [`ConnIdentity::verdict`], calling `changed(before, after)` when judging again
+    /// turned the verdict over: verified to refused, refused to verified, another AIC or
+    /// another reason.
+    pub fn verdict_noting(
+        &self,
+        trust: &Trust,
+        now: u64,
+        changed: impl FnOnce(&ConnAuth, &ConnAuth),
+    ) -> ConnAuth {
         let cur = self.current.load();
         if cur.generation == trust.generation && now < cur.recheck_at {
             return cur.auth.clone();
         }
-        drop(cur);
         let judged = judge(self.chain.as_deref(), trust, false, now);
         let auth = judged.auth.clone();
+        if outcome(&cur.auth) != outcome(&auth) {
+            changed(&cur.auth, &auth);
+        }
+        drop(cur);
         self.current.store(judged);
         auth
     }
@@ -223,6 +238,15 @@ impl ConnIdentity {
     /// The verdict as last judged (for logs at connection time).
     pub fn last(&self) -> ConnAuth {
         self.current.load().auth.clone()
+    }
+}
+
+/// What a verdict decides: the AIC let in, or the reason for refusing.
+fn outcome(auth: &ConnAuth) -> Result<&str, &'static str> {
+    match auth {
+        ConnAuth::Verified(p) => Ok(p.aic.as_str()),
+        ConnAuth::Missing => Err("no_client_certificate"),
+        ConnAuth::Rejected(e) => Err(e.reason()),
     }
 }
 

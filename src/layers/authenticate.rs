@@ -22,7 +22,13 @@ impl<B> Check<B, Arrived> for AuthenticateStep {
     type Found = std::sync::Arc<crate::identity::PeerIdentity>;
     fn check(x: &mut Exchange<B>) -> Result<Self::Found, Refuse> {
         let now = unix_now();
-        let verdict = x.conn.identity.verdict(&x.snap.tls.trust.load(), now);
+        let (audit, peer) = (&x.snap.audit, x.conn.peer);
+        let verdict = x
+            .conn
+            .identity
+            .verdict_noting(&x.snap.tls.trust.load(), now, |a, b| {
+                audit.verdict_changed(peer, a, b)
+            });
         let error = match verdict {
             ConnAuth::Verified(caller) => {
                 x.log.aic = Some(caller.aic);

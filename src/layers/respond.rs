@@ -107,14 +107,33 @@ impl<F: Future<Output = Handled>> Future for Responding<F> {
                 log.code = Some(code);
                 log.reason = Some(reason);
                 snap.metrics.refusal(&error, log.partner.as_deref());
+                if snap.audit.enabled() {
+                    let who = crate::audit::Caller {
+                        aic: log.aic.as_ref().map(|a| a.as_str().to_owned()),
+                        ip: state.conn.peer.ip(),
+                        method: log.method,
+                        partner: log.partner.clone(),
+                        task: log.task_id.as_ref().map(|t| t.as_str().to_owned()),
+                        trace_id: log.trace.as_ref().map(|t| t.trace_id().to_owned()),
+                    };
+                    snap.audit.refused(&error, who);
+                }
                 let mode = snap.config.listener.error_status;
                 let response = error.into_response_for(&state.id, mode, protocol);
                 (response.map(full), state)
             }
         };
         let super::exchange::State {
-            log, snap, conn, ..
+            log,
+            snap,
+            conn,
+            head,
+            ..
         } = *state;
+        let amp = snap
+            .amp
+            .as_ref()
+            .map(|a| (a.clone(), head.uri.path().into()));
         let status = response.status().as_u16();
         // Only a request that made a stream tally can have an event stream.
         let streamed = log.stream.is_some() && is_event_stream(response.headers());
@@ -128,6 +147,7 @@ impl<F: Future<Output = Handled>> Future for Responding<F> {
             bytes_out: 0,
             streamed,
             cut: None,
+            amp,
         };
         Poll::Ready(Ok(response.map(|body| Logged { body, access })))
     }

@@ -4,6 +4,8 @@
 mod a2a;
 mod a2a_card;
 mod a2a_push;
+mod amp;
+mod audit;
 mod auth;
 mod body_rules;
 mod claims;
@@ -12,6 +14,7 @@ mod cluster_failover;
 mod cluster_replay;
 mod cluster_topology;
 mod conn_slots;
+mod dashboard;
 mod demo;
 mod embedded;
 mod enforcement;

@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 mod a2a;
+mod audit;
 mod cluster;
 mod defaults;
 mod proxy;
@@ -20,6 +21,7 @@ mod tls;
 use defaults::*;
 
 pub use a2a::{RawA2a, RawA2aCard, RawA2aPush};
+pub use audit::RawAudit;
 pub use cluster::{RawCluster, RawClusterRateLimit, RawClusterReplay};
 pub use proxy::{ProxyProtocolMode, RawProxyProtocol};
 pub use revocation::RawRevocation;
@@ -84,6 +86,9 @@ pub struct RawConfig {
     /// Key exchange groups offered on each side.
     #[serde(default)]
     pub tls: RawTls,
+    /// The signed, hash-chained audit log (off by default).
+    #[serde(default)]
+    pub audit: RawAudit,
 }
 
 /// `[runtime]`: read once at start (a reload does not change it).
@@ -697,6 +702,10 @@ pub enum LogFormat {
     Pretty,
     /// One JSON object per line.
     Json,
+    /// The access log as ACPs AMP `LogRecord`s (JSON lines to standard output or
+    /// `log.amp_file`), with heartbeat and system records; other logs as `json` on
+    /// standard error.
+    Amp,
 }
 
 /// `[log]`
@@ -706,8 +715,16 @@ pub enum LogFormat {
 pub struct RawLog {
     /// A tracing filter (`info`, `aipgw=debug`, ...); `RUST_LOG` overrides it.
     pub level: String,
-    /// `pretty` or `json`.
+    /// `pretty`, `json` or `amp`.
     pub format: LogFormat,
+    /// With `amp`: the file the AMP records are appended to (default: standard output).
+    pub amp_file: Option<PathBuf>,
+    /// With `amp`: a heartbeat record this often (default 30 s; `0s`: none).
+    #[serde(with = "humantime_serde")]
+    pub heartbeat_interval: Duration,
+    /// With `amp`: the gateway's AIC, each record's `aic` (default: the AIC of the
+    /// listener's certificate; a certificate without one makes this required).
+    pub aic: Option<String>,
 }
 
 impl Default for RawLog {
@@ -715,7 +732,37 @@ impl Default for RawLog {
         RawLog {
             level: "info".to_owned(),
             format: LogFormat::Pretty,
+            amp_file: None,
+            heartbeat_interval: Duration::from_secs(30),
+            aic: None,
         }
+    }
+}
+
+impl RawLog {
+    /// The AMP record settings (`None` unless `format = "amp"`); `cert` is the
+    /// listener's certificate, whose AIC is the default `aic`.
+    pub(crate) fn amp(
+        &self,
+        cert: &std::path::Path,
+        suffix: &str,
+    ) -> anyhow::Result<Option<crate::amp::sink::AmpSettings>> {
+        if self.format != LogFormat::Amp {
+            return Ok(None);
+        }
+        let aic = match &self.aic {
+            Some(a) => a.clone(),
+            None => audit::listener_aic(cert, suffix).map_err(|e| {
+                anyhow::anyhow!(
+                    "log.aic: not set, and the listener's certificate carries no AIC to take ({e})"
+                )
+            })?,
+        };
+        Ok(Some(crate::amp::sink::AmpSettings {
+            file: self.amp_file.clone(),
+            aic,
+            heartbeat: Some(self.heartbeat_interval).filter(|d| !d.is_zero()),
+        }))
     }
 }
 
