@@ -71,6 +71,8 @@ pub struct Snapshot {
     pub partner_revocation: Arc<PartnerRevocation>,
     /// The CRL Distribution Points of presented certificates (carried over reloads).
     pub presented: Arc<Presented>,
+    /// OTLP trace export (`None`: off; shared like the replay buffer, read at start).
+    pub(crate) tracer: Option<Arc<crate::otel::Tracer>>,
 }
 
 /// State that outlives a config snapshot.
@@ -90,6 +92,8 @@ pub struct Stores {
     pub cluster: Option<Arc<Cluster>>,
     /// The streams the process this one took over from held.
     pub(crate) handed_over: Arc<HandedOver>,
+    /// OTLP trace export, started with the first config.
+    pub(crate) tracer: Option<Arc<crate::otel::Tracer>>,
 }
 
 impl Snapshot {
@@ -202,6 +206,7 @@ impl Snapshot {
             closing: stores.closing,
             cluster: stores.cluster,
             handed_over: stores.handed_over,
+            tracer: stores.tracer,
             config: Arc::new(config),
         })
     }
@@ -234,6 +239,13 @@ impl Gateway {
     pub fn new(config: Config) -> anyhow::Result<Arc<Gateway>> {
         let metrics = Arc::new(Metrics::new());
         let cluster = Cluster::new(&config.cluster, metrics.clone())?;
+        let tracer = match &config.tracing {
+            Some(t) => Some(Arc::new(crate::otel::Tracer::start(
+                t,
+                metrics.spans.clone(),
+            )?)),
+            None => None,
+        };
         let stores = Stores {
             replay: Arc::new(MemoryStore::new(config.replay)),
             tasks: Arc::new(MemoryTaskOwners::new(
@@ -245,6 +257,7 @@ impl Gateway {
             streams: Arc::new(StreamCounts::new(None)),
             cluster,
             handed_over: Arc::default(),
+            tracer,
         };
         Ok(Arc::new(Gateway {
             current: ArcSwap::from_pointee(Snapshot::build(config, stores, None)?),
@@ -282,7 +295,11 @@ impl Gateway {
             streams: old.streams.clone(),
             cluster: old.cluster.clone(),
             handed_over: old.handed_over.clone(),
+            tracer: old.tracer.clone(),
         };
+        if config.tracing.as_ref() != old.tracer.as_ref().map(|t| t.settings()) {
+            tracing::warn!("tracing: its settings are read at start; restart to change them");
+        }
         let built = Snapshot::build(config, stores, Some(&old));
         let result = if built.is_ok() { "ok" } else { "failed" };
         old.metrics

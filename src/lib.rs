@@ -101,6 +101,8 @@
 //! - `systemd`: what systemd is told (`sd_notify`: ready, reloading, stopping, status,
 //!   the main process after a take-over).
 //! - `hex`: lowercase hex encoding.
+//! - [`otel`]: OTLP trace export (`[tracing]`): the head sampling decision, span ids and
+//!   a bounded queue on the request path, the exporter on a thread of its own.
 //! - `allocator`: jemalloc's own figures (allocated, resident, metadata) for `/metrics`.
 
 // Items the benches and tests reach through `test_util` are `pub`; without that feature
@@ -140,6 +142,7 @@ pub(crate) mod inspect;
 pub mod jsonrpc;
 pub mod layers;
 pub(crate) mod metrics;
+pub mod otel;
 pub(crate) mod outcome;
 pub(crate) mod policy;
 pub(crate) mod ratelimit;

@@ -247,6 +247,8 @@ pub struct Metrics {
     pub(crate) ocsp: revocation::OcspSeries,
     /// The gateway's own certificate's OCSP staple (`revocation::staple`).
     pub(crate) staple: revocation::StapleSeries,
+    /// OTLP spans exported, failed and dropped (`otel`).
+    pub(crate) spans: crate::otel::SpanCounts,
 }
 
 /// Requests: counts and latencies.
@@ -504,6 +506,7 @@ impl Metrics {
             crl: revocation::CrlSeries::default(),
             ocsp: revocation::OcspSeries::default(),
             staple: revocation::StapleSeries::default(),
+            spans: crate::otel::SpanCounts::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -517,6 +520,7 @@ impl Metrics {
         m.crl.register(r);
         m.ocsp.register(r);
         m.staple.register(r);
+        m.spans.register(r);
         Metrics { registry, ..m }
     }
 

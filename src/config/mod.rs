@@ -85,6 +85,8 @@ pub struct Config {
     pub cluster: crate::cluster::ClusterSettings,
     /// CRLs fetched over HTTP(S) and kept current (`[revocation]`).
     pub revocation: crate::revocation::settings::RevocationSettings,
+    /// OTLP trace export (`[tracing]`; `None`: off); read at start only.
+    pub tracing: Option<crate::otel::TracingSettings>,
     /// The Partners, in file order; each shared with the snapshot's `Partner` built from
     /// it (a reload neither copies a Partner's config nor keeps two of its access sets).
     pub partners: Vec<std::sync::Arc<PartnerConfig>>,
@@ -388,6 +390,7 @@ impl Config {
             ratelimit,
             cluster,
             revocation,
+            tracing: crate::otel::TracingSettings::from_raw(&raw.tracing)?,
             partners,
         })
     }
@@ -485,6 +488,11 @@ fn resolve_paths(raw: &mut RawConfig, base: &Path) {
         .chain(c.tls_key.iter_mut())
         .for_each(resolve);
     raw.revocation.tls_ca.iter_mut().for_each(resolve);
+    let t = &mut raw.tracing;
+    t.ca.iter_mut()
+        .chain(t.client_cert.iter_mut())
+        .chain(t.client_key.iter_mut())
+        .for_each(resolve);
 }
 
 #[cfg(test)]

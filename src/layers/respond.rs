@@ -110,7 +110,11 @@ impl<F: Future<Output = Handled>> Future for Responding<F> {
             }
         };
         let super::exchange::State {
-            log, snap, conn, ..
+            log,
+            snap,
+            conn,
+            id,
+            ..
         } = *state;
         let status = response.status().as_u16();
         // Only a request that made a stream tally can have an event stream.
@@ -125,6 +129,7 @@ impl<F: Future<Output = Handled>> Future for Responding<F> {
             bytes_out: 0,
             streamed,
             cut: None,
+            tracer: snap.tracer.clone().map(|t| (t, id)),
         };
         Poll::Ready(Ok(response.map(|body| Logged { body, access })))
     }

@@ -15,6 +15,7 @@ mod proxy;
 mod revocation;
 mod secrets;
 mod tls;
+mod tracing;
 
 use defaults::*;
 
@@ -23,6 +24,7 @@ pub use proxy::{ProxyProtocolMode, RawProxyProtocol};
 pub use revocation::RawRevocation;
 pub use secrets::Secrets;
 pub use tls::RawTls;
+pub use tracing::{OtlpProtocol, RawTracing};
 
 // Settings enums that belong to the modules acting on them; the file reads them here.
 pub use crate::cluster::{ClusterMode, OnClusterError};
@@ -82,6 +84,9 @@ pub struct RawConfig {
     /// Key exchange groups offered on each side.
     #[serde(default)]
     pub tls: RawTls,
+    /// OTLP trace export (off unless `otlp_endpoint` is set).
+    #[serde(default)]
+    pub tracing: RawTracing,
 }
 
 /// `[runtime]`: read once at start (a reload does not change it).
