@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! cargo build --release --example otlp_sink
-//! taskset -c 1 target/release/examples/otlp_sink 127.0.0.1:4317
+//! taskset -c 0 target/release/examples/otlp_sink 127.0.0.1:4317
+//! benches/load/run.py --http1 --otlp   # starts it itself
 //! ```
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,7 +46,8 @@ async fn main() -> anyhow::Result<()> {
         .nth(1)
         .unwrap_or_else(|| "127.0.0.1:4317".to_owned());
     let listener = tokio::net::TcpListener::bind(&addr).await?;
-    eprintln!("otlp_sink: listening on {}", listener.local_addr()?);
+    // The load comparison reads the port from this line (benches/load/run.py, --otlp).
+    println!("otlp_sink: listening on {}", listener.local_addr()?);
     let sink = Sink::default();
     let count = sink.0.clone();
     tokio::spawn(async move {
