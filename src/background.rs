@@ -10,6 +10,7 @@
 //! more, the open connections drained or cut), [`Background::shutdown`] stops the rest in
 //! order:
 //!
+//! 0. the spans queued for OTLP export are sent (within `tracing.timeout`);
 //! 1. the replay writer's queue is flushed (within `cluster.replay.flush_timeout`), so
 //!    the ends of the streams the drain closed reach Redis, and the writer stops;
 //! 2. the loops stop: until then stream leases, replay leases and task owners were kept
@@ -27,6 +28,8 @@ use crate::gateway::Gateway;
 /// One step of [`Background::shutdown`], in the order taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
+    /// The spans queued for OTLP export were sent (`[tracing]` on only).
+    SpansSent,
     /// The replay writer's queue was flushed and the writer stopped (cluster mode with a
     /// shared replay only).
     ReplayFlushed,
@@ -44,6 +47,8 @@ pub struct Background {
     loops: JoinSet<()>,
     /// The admin listener, the reload watcher.
     services: JoinSet<()>,
+    /// OTLP export, flushed first at shutdown.
+    tracer: Option<Arc<crate::otel::Tracer>>,
 }
 
 impl Background {
@@ -77,6 +82,7 @@ impl Background {
             writer,
             loops,
             services: JoinSet::new(),
+            tracer: snap.tracer.clone(),
         }
     }
 
@@ -89,7 +95,12 @@ impl Background {
     /// Stops everything in order (see the module documentation), after the listener has
     /// drained; the steps taken, in order.
     pub async fn shutdown(mut self) -> Vec<Step> {
-        let mut steps = Vec::with_capacity(3);
+        let mut steps = Vec::with_capacity(4);
+        if let Some(tracer) = self.tracer.take() {
+            tracer.flush().await;
+            tracing::debug!("shutdown: queued spans sent");
+            steps.push(Step::SpansSent);
+        }
         if let Some((writer, cluster)) = self.writer.take() {
             cluster
                 .replay_flushed(cluster.settings().replay.flush_timeout)

@@ -26,17 +26,27 @@ use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans};
 use prost::Message;
 use tokio::sync::{mpsc, Notify};
 
-use super::{Finished, SpanCounts, TracingSettings};
+use super::{ExporterState, Finished, SpanCounts, TracingSettings};
 use crate::config::raw::OtlpProtocol;
 
 /// The largest answer body read from a collector (its partial-success message).
 const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
+/// The exporter's ends of what it shares with the `Tracer`.
+pub(super) struct Channel {
+    /// The queue.
+    pub(super) rx: mpsc::Receiver<Finished>,
+    /// Records in the queue.
+    pub(super) queued: Arc<AtomicUsize>,
+    /// Told when a batch is full, or to flush.
+    pub(super) wake: Arc<Notify>,
+    /// Busy or idle, for a flush.
+    pub(super) state: Arc<ExporterState>,
+}
+
 /// See the module documentation.
 pub(super) struct Exporter {
-    rx: mpsc::Receiver<Finished>,
-    queued: Arc<AtomicUsize>,
-    wake: Arc<Notify>,
+    ch: Channel,
     counts: SpanCounts,
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     url: http::Uri,
@@ -54,9 +64,7 @@ impl Exporter {
     /// The exporter for `settings` (its TLS files read now: an error fails the load).
     pub(super) fn new(
         settings: &TracingSettings,
-        rx: mpsc::Receiver<Finished>,
-        queued: Arc<AtomicUsize>,
-        wake: Arc<Notify>,
+        ch: Channel,
         counts: SpanCounts,
     ) -> anyhow::Result<Exporter> {
         let mut headers = settings.headers.clone();
@@ -76,9 +84,7 @@ impl Exporter {
             ..Resource::default()
         };
         Ok(Exporter {
-            rx,
-            queued,
-            wake,
+            ch,
             counts,
             client: client(settings).context("tracing")?,
             url: settings.url.clone(),
@@ -108,18 +114,23 @@ impl Exporter {
     async fn run(mut self) {
         let mut batch = Vec::with_capacity(self.batch_size);
         loop {
+            // Busy before the queue count drops, so a flush never sees both at rest early.
+            self.ch.state.busy.store(true, Ordering::SeqCst);
             let closed = self.take(&mut batch);
             let full = batch.len() == self.batch_size;
             if !batch.is_empty() {
                 let taken = std::mem::replace(&mut batch, Vec::with_capacity(self.batch_size));
                 self.send(taken).await;
             }
+            self.ch.state.busy.store(false, Ordering::SeqCst);
             if closed {
+                self.ch.state.idle.notify_waiters();
                 return;
             }
             if !full {
+                self.ch.state.idle.notify_waiters();
                 tokio::select! {
-                    () = self.wake.notified() => {}
+                    () = self.ch.wake.notified() => {}
                     () = tokio::time::sleep(self.interval) => {}
                 }
             }
@@ -129,9 +140,9 @@ impl Exporter {
     /// Fills `batch` from the queue; true when the queue is closed and empty.
     fn take(&mut self, batch: &mut Vec<Finished>) -> bool {
         while batch.len() < self.batch_size {
-            match self.rx.try_recv() {
+            match self.ch.rx.try_recv() {
                 Ok(f) => {
-                    self.queued.fetch_sub(1, Ordering::Relaxed);
+                    self.ch.queued.fetch_sub(1, Ordering::SeqCst);
                     batch.push(f);
                 }
                 Err(mpsc::error::TryRecvError::Empty) => return false,

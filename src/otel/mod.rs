@@ -32,7 +32,7 @@ mod export;
 mod settings;
 mod span;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use prometheus_client::metrics::counter::Counter;
@@ -74,12 +74,23 @@ impl SpanCounts {
     }
 }
 
+/// What [`Tracer::flush`] reads of the exporter.
+#[derive(Default)]
+pub(crate) struct ExporterState {
+    /// Taking or sending a batch.
+    busy: AtomicBool,
+    /// Told each time the exporter is about to wait (the queue was empty).
+    idle: Notify,
+}
+
 /// The request path's side of the exporter: the head decision and the queue.
 pub(crate) struct Tracer {
     queue: mpsc::Sender<Finished>,
     /// Records in the queue; the exporter is woken when a batch is full.
     queued: Arc<AtomicUsize>,
     wake: Arc<Notify>,
+    /// The exporter's state, for [`Tracer::flush`].
+    exporter: Arc<ExporterState>,
     counts: SpanCounts,
     /// Head sampling: trace ids whose low 63 bits are below this are sampled.
     threshold: u64,
@@ -103,13 +114,19 @@ impl Tracer {
         let (queue, rx) = mpsc::channel(settings.queue_size);
         let queued = Arc::new(AtomicUsize::new(0));
         let wake = Arc::new(Notify::new());
-        let exporter =
-            export::Exporter::new(settings, rx, queued.clone(), wake.clone(), counts.clone())?;
-        exporter.spawn()?;
+        let state = Arc::new(ExporterState::default());
+        let channel = export::Channel {
+            rx,
+            queued: queued.clone(),
+            wake: wake.clone(),
+            state: state.clone(),
+        };
+        export::Exporter::new(settings, channel, counts.clone())?.spawn()?;
         Ok(Tracer {
             queue,
             queued,
             wake,
+            exporter: state,
             counts,
             threshold: threshold(settings.sample_ratio),
             batch_size: settings.batch_size,
@@ -141,6 +158,34 @@ impl Tracer {
             Err(_) => {
                 self.counts.dropped.inc_by(spans);
             }
+        }
+    }
+}
+
+impl Tracer {
+    /// Sends what the queue holds now, waiting at most `tracing.timeout` (at shutdown,
+    /// after the drain: the last requests' spans are not lost).
+    pub(crate) async fn flush(&self) {
+        let sent = async {
+            loop {
+                let idle = self.exporter.idle.notified();
+                tokio::pin!(idle);
+                idle.as_mut().enable();
+                let busy = self.exporter.busy.load(Ordering::SeqCst);
+                if !busy && self.queued.load(Ordering::SeqCst) == 0 {
+                    return;
+                }
+                self.wake.notify_one();
+                idle.await;
+            }
+        };
+        if tokio::time::timeout(self.settings.timeout, sent)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "tracing: spans still queued at shutdown were not all sent within tracing.timeout"
+            );
         }
     }
 }

@@ -516,3 +516,35 @@ async fn a_collector_that_refuses_connections_costs_the_request_path_nothing() {
         assert_eq!(counts, (0.0, 20.0, 0.0), "{protocol}");
     }
 }
+
+#[tokio::test]
+async fn spans_still_queued_at_shutdown_are_sent() {
+    let pki = Pki::new();
+    let (collector, received) = grpc_receiver().await;
+    let partner = TestPartner::start(Behaviour::Echo).await;
+    // Neither a full batch nor the interval sends them: only the shutdown can.
+    let mut gw = start_gateway(&pki.config(
+        "",
+        &format!(
+            "{}[tracing]\notlp_endpoint = \"http://{collector}\"\nexport_interval = \"1h\"\n",
+            partner_block("demo", "/partners/demo", &partner.url(), ""),
+        ),
+    ))
+    .await;
+    let body = rpc_start("1", LEADER_A, "t1");
+    let reply = pki
+        .leader(LEADER_A, false)
+        .post(gw.addr, "/partners/demo/rpc", &body)
+        .await;
+    assert_eq!(reply.unwrap().status, 200);
+    // Queued when the request's log line is written, as its metrics are.
+    metric(
+        &gw,
+        r#"aipgw_requests_total{partner="demo",method="rpc",status="200",code="0"}"#,
+        1.0,
+    )
+    .await;
+    within(20, gw.shutdown()).await.unwrap().unwrap();
+    let spans = received.until(|s| s.len() >= 2).await;
+    assert_eq!(spans.len(), 2);
+}
