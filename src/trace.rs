@@ -86,8 +86,9 @@ pub(crate) struct TraceContext {
     made: bool,
     /// The client's `x-request-id` when sane, otherwise one made here.
     request_id: HeaderValue,
-    /// The request's span ids, when spans are exported (`crate::otel`).
-    pub(crate) spans: Option<SpanIds>,
+    /// The request's span ids, when spans are exported (`crate::otel`); boxed, so a
+    /// gateway that exports none carries a pointer's width more per request, not the ids.
+    pub(crate) spans: Option<Box<SpanIds>>,
 }
 
 impl TraceContext {
@@ -147,13 +148,13 @@ impl TraceContext {
             let flags = tp.get(at + 50..at + 52).and_then(from_hex::<1>);
             (span, flags.map(|f| f[0] & 1 == 1))
         };
-        self.spans = Some(SpanIds {
+        self.spans = Some(Box::new(SpanIds {
             trace,
             parent,
             server: random_bytes(),
             sampled: tracer.head(&trace, parent_sampled),
             client: None,
-        });
+        }));
     }
 
     /// The W3C trace id (32 hex).
