@@ -38,23 +38,6 @@ fn random_hex_into<const N: usize>(out: &mut [u8]) {
     crate::hex::encode_into(&random_bytes::<N>(), out);
 }
 
-/// `N` bytes from `2 * N` lowercase hex digits.
-fn from_hex<const N: usize>(hex: &[u8]) -> Option<[u8; N]> {
-    let digit = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        _ => None,
-    };
-    let mut out = [0u8; N];
-    if hex.len() != 2 * N {
-        return None;
-    }
-    for (o, pair) in out.iter_mut().zip(hex.chunks_exact(2)) {
-        *o = digit(pair[0])? << 4 | digit(pair[1])?;
-    }
-    Some(out)
-}
-
 /// The trace id of a valid `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`, ids not all zero).
 pub fn parse_traceparent(v: &str) -> Option<&str> {
     let mut parts = v.trim().split('-');
@@ -138,14 +121,18 @@ impl TraceContext {
     pub(crate) fn start_spans(&mut self, tracer: &Tracer) {
         let tp = self.traceparent.as_bytes();
         let at = self.trace_at;
-        let Some(trace) = tp.get(at..at + 32).and_then(from_hex::<16>) else {
+        let Some(trace) = tp.get(at..at + 32).and_then(crate::hex::decode_array::<16>) else {
             return;
         };
         let (parent, parent_sampled) = if self.made {
             (None, None)
         } else {
-            let span = tp.get(at + 33..at + 49).and_then(from_hex::<8>);
-            let flags = tp.get(at + 50..at + 52).and_then(from_hex::<1>);
+            let span = tp
+                .get(at + 33..at + 49)
+                .and_then(crate::hex::decode_array::<8>);
+            let flags = tp
+                .get(at + 50..at + 52)
+                .and_then(crate::hex::decode_array::<1>);
             (span, flags.map(|f| f[0] & 1 == 1))
         };
         self.spans = Some(Box::new(SpanIds {
