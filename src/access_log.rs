@@ -88,6 +88,8 @@ pub(crate) struct AccessLog {
     /// With `[log] format = "amp"`: the AMP writer and the request's path; the access
     /// record is written there instead of the line.
     pub(crate) amp: Option<(Arc<crate::amp::sink::AmpLog>, Box<str>)>,
+    /// With spans exported: the exporter, and the JSON-RPC id for the spans.
+    pub(crate) tracer: Option<(Arc<crate::otel::Tracer>, crate::jsonrpc::RpcId)>,
 }
 
 impl AccessLog {
@@ -98,8 +100,70 @@ impl AccessLog {
     }
 }
 
+impl AccessLog {
+    /// Queues the request's spans (`crate::otel`) when the head sampled it or it ended in
+    /// an error (`code`, a status of 500 or more, a stream or body that `failed`).
+    fn spans(
+        &self,
+        tracer: &crate::otel::Tracer,
+        id: &crate::jsonrpc::RpcId,
+        (code, reason): (i32, &'static str),
+        failed: bool,
+        total: Duration,
+    ) {
+        let l = &self.log;
+        let Some(ids) = l.trace.as_ref().and_then(|t| t.spans.as_ref()) else {
+            return;
+        };
+        let error = code != 0 || self.status >= 500 || failed;
+        if !(ids.sampled || error) {
+            return;
+        }
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        let end = nanos(now.unwrap_or_default());
+        let max = tracer.max_attribute_bytes;
+        let text = |t: &Option<LogText>| t.as_ref().map(|t| crate::otel::cut(t.as_str(), max));
+        tracer.submit(crate::otel::Finished {
+            trace: ids.trace,
+            parent: ids.parent,
+            server: ids.server,
+            sampled: ids.sampled,
+            client: ids
+                .client
+                .map(|(c, at)| (c, end.saturating_sub(nanos(at.elapsed())))),
+            start: end.saturating_sub(nanos(total)),
+            end,
+            method: l.method,
+            command: l.command.map(|c| c.name()),
+            rpc_id: Some(crate::otel::Finished::id_text(id.as_bytes(), max)),
+            request_id: l.trace.as_ref().map(|t| t.request_id_value()),
+            aic: l.aic,
+            partner: l.partner.clone(),
+            task_id: text(&l.task_id),
+            session_id: text(&l.session_id),
+            peer: self.peer.ip(),
+            status: self.status,
+            code,
+            reason,
+            stream: l
+                .stream
+                .as_ref()
+                .filter(|_| self.streamed)
+                .map(|t| crate::otel::StreamEnd {
+                    events: t.events(),
+                    outcome: t
+                        .ending()
+                        .map_or(crate::outcome::CLIENT_CLOSED, |e| e.reason),
+                }),
+            error,
+        });
+    }
+}
+
 impl Drop for AccessLog {
     fn drop(&mut self) {
+        let tracer = self.tracer.take();
         let l = &self.log;
         let total = self.started.elapsed();
         let ending = self.ending();
@@ -130,6 +194,10 @@ impl Drop for AccessLog {
             });
         } else {
             self.line(total, code, reason);
+        }
+        if let Some((tracer, id)) = tracer {
+            let failed = ending.is_some_and(|e| e.failed());
+            self.spans(&tracer, &id, (code, reason), failed, total);
         }
         self.count(total, code, ending);
     }

@@ -10,6 +10,7 @@
 //! more, the open connections drained or cut), [`Background::shutdown`] stops the rest in
 //! order:
 //!
+//! 0. the spans queued for OTLP export are sent (within `tracing.timeout`);
 //! 1. the closing signal is raised (the drain raised it already if its time ran out):
 //!    a Partner stream still recorded with no Leader on it (within `detach_timeout`)
 //!    ends `shutting_down` too, rather than being cut unannounced when the workers stop;
@@ -33,6 +34,8 @@ use crate::gateway::Gateway;
 /// One step of [`Background::shutdown`], in the order taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
+    /// The spans queued for OTLP export were sent (`[tracing]` on only).
+    SpansSent,
     /// The replay writer's queue was flushed and the writer stopped (cluster mode with a
     /// shared replay only).
     ReplayFlushed,
@@ -60,6 +63,8 @@ pub struct Background {
     amp: Option<Arc<crate::amp::sink::AmpLog>>,
     /// How long the audit log's last records may take to be written.
     drain_timeout: std::time::Duration,
+    /// OTLP export, flushed first at shutdown.
+    tracer: Option<Arc<crate::otel::Tracer>>,
 }
 
 impl Background {
@@ -105,6 +110,7 @@ impl Background {
             audit,
             amp: snap.amp.clone(),
             drain_timeout: snap.config.listener.drain_timeout,
+            tracer: snap.tracer.clone(),
         }
     }
 
@@ -118,6 +124,11 @@ impl Background {
     /// drained; the steps taken, in order.
     pub async fn shutdown(mut self) -> Vec<Step> {
         let mut steps = Vec::with_capacity(4);
+        if let Some(tracer) = self.tracer.take() {
+            tracer.flush().await;
+            tracing::debug!("shutdown: queued spans sent");
+            steps.push(Step::SpansSent);
+        }
         self.closing.send_replace(true);
         if let Some((writer, cluster)) = self.writer.take() {
             cluster

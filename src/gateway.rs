@@ -75,6 +75,8 @@ pub struct Snapshot {
     pub partner_revocation: Arc<PartnerRevocation>,
     /// The CRL Distribution Points of presented certificates (carried over reloads).
     pub presented: Arc<Presented>,
+    /// OTLP trace export (`None`: off; shared like the replay buffer, read at start).
+    pub(crate) tracer: Option<Arc<crate::otel::Tracer>>,
 }
 
 /// State that outlives a config snapshot.
@@ -98,6 +100,8 @@ pub struct Stores {
     pub audit: Arc<crate::audit::Audit>,
     /// AMP records (`[log] format = "amp"`), when on.
     pub amp: Option<Arc<crate::amp::sink::AmpLog>>,
+    /// OTLP trace export, started with the first config.
+    pub(crate) tracer: Option<Arc<crate::otel::Tracer>>,
 }
 
 impl Snapshot {
@@ -219,6 +223,7 @@ impl Snapshot {
             handed_over: stores.handed_over,
             audit: stores.audit,
             amp: stores.amp,
+            tracer: stores.tracer,
             config: Arc::new(config),
         })
     }
@@ -253,6 +258,13 @@ impl Gateway {
         let cluster = Cluster::new(&config.cluster, metrics.clone())?;
         let audit = crate::audit::Audit::open(config.audit.as_ref(), metrics.clone())?;
         let amp = config.amp.as_ref().map(crate::amp::sink::AmpLog::open);
+        let tracer = match &config.tracing {
+            Some(t) => Some(Arc::new(crate::otel::Tracer::start(
+                t,
+                metrics.spans.clone(),
+            )?)),
+            None => None,
+        };
         let stores = Stores {
             amp: amp.transpose()?.map(Arc::new),
             audit: Arc::new(audit),
@@ -266,6 +278,7 @@ impl Gateway {
             streams: Arc::new(StreamCounts::new(None)),
             cluster,
             handed_over: Arc::default(),
+            tracer,
         };
         Ok(Arc::new(Gateway {
             current: ArcSwap::from_pointee(Snapshot::build(config, stores, None)?),
@@ -305,6 +318,7 @@ impl Gateway {
             handed_over: old.handed_over.clone(),
             audit: old.audit.clone(),
             amp: old.amp.clone(),
+            tracer: old.tracer.clone(),
         };
         // A new audit key is loaded before anything changes, and used once the new
         // snapshot serves.
@@ -317,6 +331,9 @@ impl Gateway {
                 return Err(e);
             }
         };
+        if config.tracing.as_ref() != old.tracer.as_ref().map(|t| t.settings()) {
+            tracing::warn!("tracing: its settings are read at start; restart to change them");
+        }
         let built = Snapshot::build(config, stores, Some(&old));
         let result = if built.is_ok() { "ok" } else { "failed" };
         old.metrics

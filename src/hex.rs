@@ -18,16 +18,32 @@ pub(crate) fn encode_into(bytes: &[u8], out: &mut [u8]) {
     }
 }
 
+/// One hex digit's value (either case).
+fn nibble(c: u8) -> Option<u8> {
+    char::from(c).to_digit(16).map(|d| d as u8)
+}
+
 /// Hex text (either case, even length) as bytes; `None` for anything else.
 pub(crate) fn decode(text: &str) -> Option<Vec<u8>> {
     let t = text.as_bytes();
     if !t.len().is_multiple_of(2) {
         return None;
     }
-    let nibble = |c: u8| char::from(c).to_digit(16).map(|d| d as u8);
     t.chunks(2)
         .map(|p| Some(nibble(p[0])? << 4 | nibble(p[1])?))
         .collect()
+}
+
+/// Exactly `2 * N` hex digits (trace and span ids) as `N` bytes, without allocating.
+pub(crate) fn decode_array<const N: usize>(hex: &[u8]) -> Option<[u8; N]> {
+    if hex.len() != 2 * N {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (o, p) in out.iter_mut().zip(hex.chunks_exact(2)) {
+        *o = nibble(p[0])? << 4 | nibble(p[1])?;
+    }
+    Some(out)
 }
 
 #[cfg(test)]
@@ -47,5 +63,8 @@ mod tests {
         assert_eq!(super::decode(""), Some(vec![]));
         assert_eq!(super::decode("abc"), None);
         assert_eq!(super::decode("zz"), None);
+        assert_eq!(super::decode_array::<2>(b"00aB"), Some([0x00, 0xab]));
+        assert_eq!(super::decode_array::<2>(b"00a"), None);
+        assert_eq!(super::decode_array::<1>(b"g0"), None);
     }
 }

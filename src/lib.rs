@@ -110,6 +110,8 @@
 //! - `a2a`: what the gateway does itself for A2A agents: their agent cards (`a2a::card`)
 //!   and the push-notification URL policy (`a2a::push`).
 //! - `hex`: lowercase hex encoding.
+//! - [`otel`]: OTLP trace export (`[tracing]`): the head sampling decision, span ids and
+//!   a bounded queue on the request path, the exporter on a thread of its own.
 //! - `allocator`: jemalloc's own figures (allocated, resident, metadata) for `/metrics`.
 //! - [`amp`]: ACPs AMP records (the `LogRecord` envelope; `[log] format = "amp"`).
 //! - [`audit`]: the signed, hash-chained audit log of security decisions, its writer
@@ -156,6 +158,7 @@ pub(crate) mod inspect;
 pub mod jsonrpc;
 pub mod layers;
 pub(crate) mod metrics;
+pub mod otel;
 pub(crate) mod outcome;
 pub(crate) mod policy;
 pub(crate) mod ratelimit;

@@ -250,6 +250,8 @@ pub struct Metrics {
     pub(crate) staple: revocation::StapleSeries,
     /// The audit log's records, losses and write errors (`audit`).
     pub(crate) audit: audit::AuditSeries,
+    /// OTLP spans exported, failed and dropped (`otel`).
+    pub(crate) spans: crate::otel::SpanCounts,
 }
 
 /// Requests: counts and latencies.
@@ -508,6 +510,7 @@ impl Metrics {
             ocsp: revocation::OcspSeries::default(),
             staple: revocation::StapleSeries::default(),
             audit: audit::AuditSeries::default(),
+            spans: crate::otel::SpanCounts::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -522,6 +525,7 @@ impl Metrics {
         m.ocsp.register(r);
         m.staple.register(r);
         m.audit.register(r);
+        m.spans.register(r);
         Metrics { registry, ..m }
     }
 

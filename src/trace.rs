@@ -5,6 +5,7 @@
 use http::header::{HeaderMap, HeaderValue};
 
 use crate::headers::names;
+use crate::otel::{SpanIds, Tracer};
 use std::cell::RefCell;
 
 use ring::rand::{SecureRandom, SystemRandom};
@@ -23,11 +24,18 @@ thread_local! {
     }));
 }
 
+/// `N` random bytes, never all zero (a span id of zeros is invalid).
+fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut b = [0u8; N];
+    while b.iter().all(|&x| x == 0) {
+        IDS.with(|rng| rng.borrow_mut().fill(&mut b));
+    }
+    b
+}
+
 /// Lowercase hex of `N` random bytes into `out` (`2 * N` long).
 fn random_hex_into<const N: usize>(out: &mut [u8]) {
-    let mut b = [0u8; N];
-    IDS.with(|rng| rng.borrow_mut().fill(&mut b));
-    crate::hex::encode_into(&b, out);
+    crate::hex::encode_into(&random_bytes::<N>(), out);
 }
 
 /// The trace id of a valid `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`, ids not all zero).
@@ -61,6 +69,9 @@ pub(crate) struct TraceContext {
     made: bool,
     /// The client's `x-request-id` when sane, otherwise one made here.
     request_id: HeaderValue,
+    /// The request's span ids, when spans are exported (`crate::otel`); boxed, so a
+    /// gateway that exports none carries a pointer's width more per request, not the ids.
+    pub(crate) spans: Option<Box<SpanIds>>,
 }
 
 impl TraceContext {
@@ -100,7 +111,37 @@ impl TraceContext {
             trace_at,
             made,
             request_id,
+            spans: None,
         }
+    }
+
+    /// Makes the request's server span id and takes the head sampling decision: the
+    /// client's `traceparent` (its span the parent, its flag the decision), else
+    /// `tracer`'s ratio.
+    pub(crate) fn start_spans(&mut self, tracer: &Tracer) {
+        let tp = self.traceparent.as_bytes();
+        let at = self.trace_at;
+        let Some(trace) = tp.get(at..at + 32).and_then(crate::hex::decode_array::<16>) else {
+            return;
+        };
+        let (parent, parent_sampled) = if self.made {
+            (None, None)
+        } else {
+            let span = tp
+                .get(at + 33..at + 49)
+                .and_then(crate::hex::decode_array::<8>);
+            let flags = tp
+                .get(at + 50..at + 52)
+                .and_then(crate::hex::decode_array::<1>);
+            (span, flags.map(|f| f[0] & 1 == 1))
+        };
+        self.spans = Some(Box::new(SpanIds {
+            trace,
+            parent,
+            server: random_bytes(),
+            sampled: tracer.head(&trace, parent_sampled),
+            client: None,
+        }));
     }
 
     /// The W3C trace id (32 hex).
@@ -109,14 +150,32 @@ impl TraceContext {
         tp.get(self.trace_at..self.trace_at + 32).unwrap_or("")
     }
 
+    /// The request id's header value.
+    pub(crate) fn request_id_value(&self) -> HeaderValue {
+        self.request_id.clone()
+    }
+
     /// The request id: the client's `x-request-id` when sane, otherwise made here.
     pub(crate) fn request_id(&self) -> &str {
         self.request_id.to_str().unwrap_or("")
     }
 
     /// Sets `traceparent` (when made here) and `x-request-id` on the Partner's headers.
-    pub(crate) fn apply(&self, headers: &mut HeaderMap) {
-        if self.made {
+    /// With spans exported, the Partner exchange's client span starts here, and the
+    /// `traceparent` the Partner gets names it (with the head decision's flag).
+    pub(crate) fn apply(&mut self, headers: &mut HeaderMap) {
+        if let Some(spans) = &mut self.spans {
+            let id = random_bytes::<8>();
+            spans.client = Some((id, tokio::time::Instant::now()));
+            let mut tp = *b"00-________________________________-________________-00";
+            crate::hex::encode_into(&spans.trace, &mut tp[3..35]);
+            crate::hex::encode_into(&id, &mut tp[36..52]);
+            if spans.sampled {
+                tp[54] = b'1';
+            }
+            let value = HeaderValue::from_bytes(&tp).expect("hex is a header value");
+            headers.insert(names::TRACEPARENT.clone(), value);
+        } else if self.made {
             headers.insert(names::TRACEPARENT.clone(), self.traceparent.clone());
         }
         headers.insert(names::X_REQUEST_ID.clone(), self.request_id.clone());
@@ -144,7 +203,7 @@ mod tests {
         assert_eq!(all.len(), 20_000);
         assert!(here.iter().all(|id| id.iter().all(u8::is_ascii_hexdigit)));
         // A made traceparent is valid and carries the made trace id.
-        let ctx = TraceContext::from_request(&HeaderMap::new());
+        let mut ctx = TraceContext::from_request(&HeaderMap::new());
         let mut out = HeaderMap::new();
         ctx.apply(&mut out);
         let tp = out["traceparent"].to_str().unwrap();
@@ -174,7 +233,7 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("traceparent", good.parse().unwrap());
         h.insert("x-request-id", "client-7".parse().unwrap());
-        let ctx = TraceContext::from_request(&h);
+        let mut ctx = TraceContext::from_request(&h);
         assert_eq!(ctx.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(ctx.request_id(), "client-7");
         // A client's value with surrounding blanks keeps its trace id.
@@ -190,7 +249,7 @@ mod tests {
         ctx.apply(&mut out);
         assert_eq!(out["traceparent"], good);
         assert_eq!(out["x-request-id"], "client-7");
-        let ctx = TraceContext::from_request(&HeaderMap::new());
+        let mut ctx = TraceContext::from_request(&HeaderMap::new());
         let mut out = HeaderMap::new();
         ctx.apply(&mut out);
         assert_eq!(

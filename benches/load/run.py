@@ -16,6 +16,10 @@ CRL fetched over HTTP (python3 -m http.server) and OCSP (`soft`) asked of `opens
 for the Leader's certificate, its answer cached (issue 31: full handshakes per
 CPU-second with it on against off).
 
+--otlp measures, beside aipgw, the same binary with OTLP trace export at ratio 1.0 to a live
+receiver (examples/otlp_sink) and to a dead one (issue 34: keep-alive requests per
+CPU-second with export on against off).
+
 --gateway LABEL=PATH (repeatable) measures other aipgw binaries beside the default one
 (e.g. allocator builds); --only NAMES limits the proxies (aipgw,nginx,haproxy,bare).
 
@@ -650,6 +654,18 @@ ocsp_url = "http://127.0.0.1:{ocsp_port}/"
     return [crl, ocsp]
 
 
+def start_otlp(d, proxies):
+    """--otlp: beside aipgw, the same binary exporting every request's spans (`sample_ratio`
+    1.0, OTLP/gRPC) to a live receiver (examples/otlp_sink: the official trace service,
+    decoding every span; on the load's core) and to a dead one (a port nothing listens on:
+    every export refused)."""
+    sink = Proc("otlp_sink", [str(RELEASE / "examples" / "otlp_sink"), "127.0.0.1:0"], LOAD_CPU, d)
+    for label, port in (("aipgw+otlp", sink.port), ("aipgw+otlp-dead", free_port())):
+        toml = f'\n[tracing]\notlp_endpoint = "http://127.0.0.1:{port}"\nsample_ratio = 1.0\n'
+        proxies.append((label, str(RELEASE / "aipgw"), toml))
+    return [sink]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for m in ("http1", "http2", "handshake", "resume", "sse"):
@@ -673,6 +689,8 @@ def main():
     ap.add_argument("--routes", type=sizes, default=[], help="fleet mode: N Partners, the load to the last (e.g. 1,1000,10000)")
     ap.add_argument("--proxy-protocol", action="store_true", help="each gateway behind an L4 HAProxy front, "
                     "with and without send-proxy-v2 (keep-alive HTTP/1.1 and full handshakes)")
+    ap.add_argument("--otlp", action="store_true", help="beside aipgw, the same binary exporting every span (OTLP/gRPC, "
+                    "ratio 1.0) to a live receiver (examples/otlp_sink) and to a dead one")
     ap.add_argument("--access", type=sizes, default=[], help="fleet mode: N allow + N deny prefixes in the target's [partner.access] (e.g. 10,1000,100000)")
     args = ap.parse_args()
     modes = [m for m in ("http1", "http2", "handshake", "resume", "sse") if getattr(args, m)]
@@ -681,7 +699,8 @@ def main():
     ensure_tools(args.install)
     if not args.no_build:
         subprocess.run(
-            ["cargo", "build", "--release", "--bin", "aipgw", "--example", "bare_proxy", "--example", "load_backend"],
+            ["cargo", "build", "--release", "--bin", "aipgw", "--example", "bare_proxy", "--example", "load_backend"]
+            + (["--example", "otlp_sink"] if args.otlp else []),
             cwd=ROOT, check=True,
         )
     only = [n for n in args.only.split(",") if n]
@@ -703,6 +722,7 @@ def main():
         (d / "rpc.json").write_text(RPC_BODY)
         (d / "stream.json").write_text(STREAM_BODY)
         responders = start_revocation(d, proxies) if args.revocation else []
+        responders += start_otlp(d, proxies) if args.otlp else []
         backend = Proc("backend", [str(RELEASE / "examples" / "load_backend"), "--events", str(args.events)], LOAD_CPU, d)
         where = "the gateway on the CPUs its label names" if args.scaling else f"proxies on CPU {PROXY_CPU}"
         print(f"# load comparison, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs; {where}, "

@@ -89,6 +89,8 @@ pub struct Config {
     pub amp: Option<crate::amp::sink::AmpSettings>,
     /// The audit log (`[audit]`; `None`: off).
     pub audit: Option<crate::audit::AuditSettings>,
+    /// OTLP trace export (`[tracing]`; `None`: off); read at start only.
+    pub tracing: Option<crate::otel::TracingSettings>,
     /// The Partners, in file order; each shared with the snapshot's `Partner` built from
     /// it (a reload neither copies a Partner's config nor keeps two of its access sets).
     pub partners: Vec<std::sync::Arc<PartnerConfig>>,
@@ -403,6 +405,7 @@ impl Config {
             revocation,
             audit,
             amp,
+            tracing: crate::otel::TracingSettings::from_raw(&raw.tracing)?,
             partners,
         })
     }
@@ -503,6 +506,11 @@ fn resolve_paths(raw: &mut RawConfig, base: &Path) {
     let a = &mut raw.audit;
     a.file.iter_mut().chain(a.key.iter_mut()).for_each(resolve);
     raw.log.amp_file.iter_mut().for_each(resolve);
+    let t = &mut raw.tracing;
+    t.ca.iter_mut()
+        .chain(t.client_cert.iter_mut())
+        .chain(t.client_key.iter_mut())
+        .for_each(resolve);
 }
 
 #[cfg(test)]

@@ -320,7 +320,7 @@ impl State {
     pub(super) fn partner_headers(&mut self, caller: &PeerIdentity) -> HeaderMap {
         let headers = std::mem::take(&mut self.head.headers);
         let mut headers = upstream_headers(headers, caller, &self.conn.forwarded);
-        if let Some(trace) = &self.log.trace {
+        if let Some(trace) = &mut self.log.trace {
             trace.apply(&mut headers);
         }
         headers

@@ -5,7 +5,7 @@
 //! SetSensitiveRequestHeaders  (tower-http) credentials never logged, never HPACK-indexed
 //! Respond        request -> Exchange under the current snapshot; Refusal -> response
 //!                (the one place), access log line written when the body ends
-//! Trace          request id, W3C trace context
+//! Trace          request id, W3C trace context (with OTLP export: span ids, head sampling)
 //! Authenticate   the connection's identity verdict as of now; block list
 //! Route          POST only (GET for an A2A agent card); host + path -> Partner
 //! Quota          per-AIC and per-Partner quotas, before the body is read

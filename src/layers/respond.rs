@@ -128,6 +128,7 @@ impl<F: Future<Output = Handled>> Future for Responding<F> {
             snap,
             conn,
             head,
+            id,
             ..
         } = *state;
         let amp = snap
@@ -148,6 +149,7 @@ impl<F: Future<Output = Handled>> Future for Responding<F> {
             streamed,
             cut: None,
             amp,
+            tracer: snap.tracer.clone().map(|t| (t, id)),
         };
         Poll::Ready(Ok(response.map(|body| Logged { body, access })))
     }

@@ -14,7 +14,11 @@ pub(crate) enum TraceStep {}
 impl<B, F> Check<B, F> for TraceStep {
     type Found = ();
     fn check(x: &mut Exchange<B, F>) -> Result<(), Refuse> {
-        x.log.trace = Some(TraceContext::from_request(&x.head.headers));
+        let mut trace = TraceContext::from_request(&x.head.headers);
+        if let Some(tracer) = &x.snap.tracer {
+            trace.start_spans(tracer);
+        }
+        x.log.trace = Some(trace);
         Ok(())
     }
 }

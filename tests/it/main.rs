@@ -27,6 +27,7 @@ mod inspect_live;
 mod layout;
 mod ocsp;
 mod ops;
+mod otel;
 mod partner_revocation;
 mod policy;
 mod proxy_protocol;

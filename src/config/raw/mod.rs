@@ -17,6 +17,7 @@ mod proxy;
 mod revocation;
 mod secrets;
 mod tls;
+mod tracing;
 
 use defaults::*;
 
@@ -27,6 +28,7 @@ pub use proxy::{ProxyProtocolMode, RawProxyProtocol};
 pub use revocation::RawRevocation;
 pub use secrets::Secrets;
 pub use tls::RawTls;
+pub use tracing::{OtlpProtocol, RawTracing};
 
 // Settings enums that belong to the modules acting on them; the file reads them here.
 pub use crate::cluster::{ClusterMode, OnClusterError};
@@ -89,6 +91,9 @@ pub struct RawConfig {
     /// The signed, hash-chained audit log (off by default).
     #[serde(default)]
     pub audit: RawAudit,
+    /// OTLP trace export (off unless `otlp_endpoint` is set).
+    #[serde(default)]
+    pub tracing: RawTracing,
 }
 
 /// `[runtime]`: read once at start (a reload does not change it).

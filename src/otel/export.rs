@@ -1,0 +1,307 @@
+//! The exporter: a thread of its own with a single-threaded runtime, taking finished
+//! requests' records from the bounded queue in batches (`tracing.batch_size`, at least
+//! every `tracing.export_interval`, at once when a batch is full), turning them into
+//! one OTLP `ExportTraceServiceRequest` and sending it, one request at a time, within
+//! `tracing.timeout`. A failed batch is counted and dropped, not retried: the queue,
+//! not a retry buffer, is the bound on what waits. It stops when the queue's sender (the
+//! gateway's `Tracer`) is gone, after sending what was left.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::Request;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans};
+use prost::Message;
+use tokio::sync::{mpsc, Notify};
+
+use super::{ExporterState, Finished, SpanCounts, TracingSettings};
+use crate::config::raw::OtlpProtocol;
+
+/// The largest answer body read from a collector (its partial-success message).
+const MAX_ANSWER_BYTES: usize = 64 * 1024;
+
+/// The exporter's ends of what it shares with the `Tracer`.
+pub(super) struct Channel {
+    /// The queue.
+    pub(super) rx: mpsc::Receiver<Finished>,
+    /// Records in the queue.
+    pub(super) queued: Arc<AtomicUsize>,
+    /// Told when a batch is full, or to flush.
+    pub(super) wake: Arc<Notify>,
+    /// Busy or idle, for a flush.
+    pub(super) state: Arc<ExporterState>,
+}
+
+/// See the module documentation.
+pub(super) struct Exporter {
+    ch: Channel,
+    counts: SpanCounts,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    url: http::Uri,
+    protocol: OtlpProtocol,
+    headers: HeaderMap,
+    timeout: Duration,
+    interval: Duration,
+    batch_size: usize,
+    resource: Resource,
+    /// The last export failed (the next failure is logged at debug level only).
+    failing: bool,
+}
+
+impl Exporter {
+    /// The exporter for `settings` (its TLS files read now: an error fails the load).
+    pub(super) fn new(
+        settings: &TracingSettings,
+        ch: Channel,
+        counts: SpanCounts,
+    ) -> anyhow::Result<Exporter> {
+        let mut headers = settings.headers.clone();
+        let content_type = match settings.protocol {
+            OtlpProtocol::Grpc => {
+                headers.insert(header::TE, HeaderValue::from_static("trailers"));
+                "application/grpc"
+            }
+            OtlpProtocol::HttpProtobuf => "application/x-protobuf",
+        };
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+        let resource = Resource {
+            attributes: vec![
+                string("service.name", &settings.service_name),
+                string("service.version", env!("CARGO_PKG_VERSION")),
+            ],
+            ..Resource::default()
+        };
+        Ok(Exporter {
+            ch,
+            counts,
+            client: client(settings).context("tracing")?,
+            url: settings.url.clone(),
+            protocol: settings.protocol,
+            headers,
+            timeout: settings.timeout,
+            interval: settings.export_interval,
+            batch_size: settings.batch_size,
+            resource,
+            failing: false,
+        })
+    }
+
+    /// Runs on a thread of its own until the queue closes.
+    pub(super) fn spawn(self) -> anyhow::Result<()> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("tracing: the exporter's runtime")?;
+        std::thread::Builder::new()
+            .name("aipgw-otlp".into())
+            .spawn(move || rt.block_on(self.run()))
+            .context("tracing: the exporter's thread")?;
+        Ok(())
+    }
+
+    async fn run(mut self) {
+        let mut batch = Vec::with_capacity(self.batch_size);
+        loop {
+            // Busy before the queue count drops, so a flush never sees both at rest early.
+            self.ch.state.busy.store(true, Ordering::SeqCst);
+            let closed = self.take(&mut batch);
+            let full = batch.len() == self.batch_size;
+            if !batch.is_empty() {
+                let taken = std::mem::replace(&mut batch, Vec::with_capacity(self.batch_size));
+                self.send(taken).await;
+            }
+            self.ch.state.busy.store(false, Ordering::SeqCst);
+            if closed {
+                self.ch.state.idle.notify_waiters();
+                return;
+            }
+            if !full {
+                self.ch.state.idle.notify_waiters();
+                tokio::select! {
+                    () = self.ch.wake.notified() => {}
+                    () = tokio::time::sleep(self.interval) => {}
+                }
+            }
+        }
+    }
+
+    /// Fills `batch` from the queue; true when the queue is closed and empty.
+    fn take(&mut self, batch: &mut Vec<Finished>) -> bool {
+        while batch.len() < self.batch_size {
+            match self.ch.rx.try_recv() {
+                Ok(f) => {
+                    self.ch.queued.fetch_sub(1, Ordering::SeqCst);
+                    batch.push(f);
+                }
+                Err(mpsc::error::TryRecvError::Empty) => return false,
+                Err(mpsc::error::TryRecvError::Disconnected) => return true,
+            }
+        }
+        false
+    }
+
+    /// One export request for `batch`, counted.
+    async fn send(&mut self, batch: Vec<Finished>) {
+        let mut spans = Vec::with_capacity(batch.len() * 2);
+        for f in batch {
+            f.into_spans(&mut spans);
+        }
+        let n = spans.len() as u64;
+        let request = ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans {
+                resource: Some(self.resource.clone()),
+                scope_spans: vec![ScopeSpans {
+                    scope: Some(InstrumentationScope {
+                        name: "aipgw".to_owned(),
+                        version: env!("CARGO_PKG_VERSION").to_owned(),
+                        ..InstrumentationScope::default()
+                    }),
+                    spans,
+                    ..ScopeSpans::default()
+                }],
+                ..ResourceSpans::default()
+            }],
+        };
+        let result = match tokio::time::timeout(self.timeout, self.post(&request)).await {
+            Ok(r) => r,
+            Err(_) => Err(anyhow::anyhow!("no answer within tracing.timeout")),
+        };
+        match result {
+            Ok(()) => {
+                self.counts.exported.inc_by(n);
+                self.failing = false;
+            }
+            Err(e) => {
+                self.counts.failed.inc_by(n);
+                if self.failing {
+                    tracing::debug!(spans = n, error = %format!("{e:#}"), "OTLP export failed");
+                } else {
+                    tracing::warn!(spans = n, error = %format!("{e:#}"), "OTLP export failed");
+                }
+                self.failing = true;
+            }
+        }
+    }
+
+    /// Sends `request` and judges the answer.
+    async fn post(&self, request: &ExportTraceServiceRequest) -> anyhow::Result<()> {
+        let body = match self.protocol {
+            OtlpProtocol::Grpc => grpc_frame(request)?,
+            OtlpProtocol::HttpProtobuf => Bytes::from(request.encode_to_vec()),
+        };
+        let mut req = Request::post(self.url.clone()).body(Full::new(body))?;
+        *req.headers_mut() = self.headers.clone();
+        let resp = self.client.request(req).await?;
+        let (parts, body) = resp.into_parts();
+        let answer = Limited::new(body, MAX_ANSWER_BYTES)
+            .collect()
+            .await
+            .map_err(|e| anyhow::anyhow!("reading the answer: {e}"))?;
+        if !parts.status.is_success() {
+            bail!("HTTP status {}", parts.status);
+        }
+        if self.protocol == OtlpProtocol::HttpProtobuf {
+            return Ok(());
+        }
+        // gRPC: the status in the trailers, or in the head of a trailers-only answer.
+        let field = |name: &str| {
+            parts
+                .headers
+                .get(name)
+                .or_else(|| answer.trailers().and_then(|t| t.get(name)))
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        match field("grpc-status").as_deref() {
+            Some("0") => Ok(()),
+            Some(code) => bail!(
+                "grpc-status {code}: {}",
+                field("grpc-message").unwrap_or_default()
+            ),
+            None => bail!("no grpc-status in the answer"),
+        }
+    }
+}
+
+/// A gRPC message frame: uncompressed, its length, the message.
+fn grpc_frame(request: &ExportTraceServiceRequest) -> anyhow::Result<Bytes> {
+    let len = request.encoded_len();
+    let mut out = Vec::with_capacity(5 + len);
+    out.push(0);
+    out.extend_from_slice(
+        &u32::try_from(len)
+            .context("export request too large")?
+            .to_be_bytes(),
+    );
+    request.encode(&mut out)?;
+    Ok(Bytes::from(out))
+}
+
+/// The HTTP client: HTTP/2 only for gRPC (prior knowledge on `http://`), HTTP/1.1 for
+/// `http/protobuf`; TLS verified against `tracing.ca` or the system's roots, with the
+/// client certificate when set.
+fn client(
+    s: &TracingSettings,
+) -> anyhow::Result<Client<HttpsConnector<HttpConnector>, Full<Bytes>>> {
+    let mut roots = rustls::RootCertStore::empty();
+    match &s.ca {
+        Some(path) => {
+            for c in crate::tls::pem::load_certs(path)? {
+                roots.add(c).context("ca: not a usable CA certificate")?;
+            }
+        }
+        None if s.url.scheme_str() == Some("https") => {
+            for c in rustls_native_certs::load_native_certs().certs {
+                let _ = roots.add(c); // a system root rustls cannot use is left out
+            }
+        }
+        None => {}
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(crate::tls::server::provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots);
+    let tls = match &s.client_cert {
+        Some((cert, key)) => builder
+            .with_client_auth_cert(
+                crate::tls::pem::load_certs(cert)?,
+                crate::tls::pem::load_key(key)?,
+            )
+            .context("client_cert")?,
+        None => builder.with_no_client_auth(),
+    };
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_connect_timeout(Some(s.timeout));
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .enable_http2()
+        .wrap_connector(http);
+    Ok(Client::builder(TokioExecutor::new())
+        .http2_only(s.protocol == OtlpProtocol::Grpc)
+        .build(connector))
+}
+
+/// A string attribute.
+fn string(key: &str, value: &str) -> KeyValue {
+    KeyValue {
+        key: key.to_owned(),
+        value: Some(AnyValue {
+            value: Some(any_value::Value::StringValue(value.to_owned())),
+        }),
+        ..KeyValue::default()
+    }
+}
