@@ -117,7 +117,7 @@ fn prepare(x: &mut Exchange<Bytes>, facts: Permitted) -> Result<Prepared, Gatewa
     };
     let headers = x.partner_headers(&caller);
     let partner = &route.partner;
-    let target = partner.pool.target(partner.path_for(call.method));
+    let target = partner.target_for(call.method);
     let upstream = upstream_request(std::mem::take(&mut x.body), target, headers);
     Ok(Prepared {
         caller,
