@@ -93,11 +93,17 @@ impl Parkable {
         let timer = self
             .timer
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
-        if timer.deadline() < at {
-            // Later only: tokio extends a registered deadline in place.
+        // Moved only when it fires (not at each request): a deadline passed that is
+        // earlier than the connection's is moved to it, and waited for again.
+        loop {
+            if timer.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            if timer.deadline() >= at {
+                return true;
+            }
             timer.as_mut().reset(at);
         }
-        timer.as_mut().poll(cx).is_ready()
     }
 
     /// Made ready to serve again after a release, with `unread` to be read first.
