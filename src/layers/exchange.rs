@@ -285,9 +285,14 @@ impl State {
                 &self.head.headers,
                 self.conn.sni.as_deref(),
             );
-            self.snap
-                .router
-                .route(host.as_deref(), self.head.uri.path())
+            let (router, path) = (&self.snap.router, self.head.uri.path());
+            router
+                .route(host.as_deref(), path)
+                // An agent card's path (below an A2A Partner's prefix) is its Partner's too.
+                .or_else(|| {
+                    let (prefix, _) = crate::a2a::card::well_known(path)?;
+                    router.route(host.as_deref(), prefix)
+                })
                 .map(|r| r.partner.config.protocol)
                 .unwrap_or_default()
         })

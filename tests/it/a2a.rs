@@ -214,7 +214,7 @@ async fn the_sdks_agent_and_client_through_the_gateway() {
 }
 
 /// `(HTTP status, error.code, ErrorInfo metadata reason)` of an A2A error answer.
-fn a2a_error(r: &Reply) -> (u16, i64, String) {
+pub(crate) fn a2a_error(r: &Reply) -> (u16, i64, String) {
     let v = r.json();
     let info = &v["error"]["data"][0];
     assert_eq!(

@@ -19,6 +19,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
+use crate::a2a::a2a_error;
 use crate::support::*;
 
 /// An agent serving its card at both well-known paths (and answering JSON-RPC POSTs);
@@ -268,8 +269,12 @@ async fn a_card_larger_than_max_bytes_is_a_502() {
     *agent.card.lock().unwrap() = card.to_string();
     let gw = gateway_for(&pki, &agent.url(), "max_bytes = 1024", "").await;
     let reply = get(&pki.leader(LEADER_A, false), gw.addr, CARD).await;
-    assert_eq!(reply.status, 502, "{}", reply.text());
-    assert_eq!(reply.error(), (-32603, "upstream_bad_response".into()));
+    assert_eq!(
+        a2a_error(&reply),
+        (502, -32603, "upstream_bad_response".into()),
+        "{}",
+        reply.text()
+    );
     assert!(reply.text().contains("max_bytes"), "{}", reply.text());
 }
 
@@ -282,9 +287,16 @@ async fn an_agent_that_cannot_be_reached() {
     drop(closed);
     let gw = gateway_for(&pki, &url, "", "").await;
     let reply = get(&pki.leader(LEADER_A, false), gw.addr, CARD).await;
-    assert_eq!(reply.status, 502, "{}", reply.text());
-    assert_eq!(reply.error(), (-32603, "upstream_unavailable".into()));
-    assert_eq!(reply.json()["error"]["data"]["partner"], "agent");
+    assert_eq!(
+        a2a_error(&reply),
+        (502, -32603, "upstream_unavailable".into()),
+        "{}",
+        reply.text()
+    );
+    assert_eq!(
+        reply.json()["error"]["data"][0]["metadata"]["partner"],
+        "agent"
+    );
 
     // Reached once, then gone: the last card while it is within `max_stale`, then 502.
     let agent = CardAgent::start(String::new()).await;
@@ -322,8 +334,12 @@ async fn an_agent_that_cannot_be_reached() {
         }
     })
     .await;
-    assert_eq!(gone.status, 502, "{}", gone.text());
-    assert_eq!(gone.error(), (-32603, "upstream_unavailable".into()));
+    assert_eq!(
+        a2a_error(&gone),
+        (502, -32603, "upstream_unavailable".into()),
+        "{}",
+        gone.text()
+    );
 }
 
 /// Identity first: no certificate is 401, a caller the access rules refuse 403;
@@ -347,11 +363,13 @@ async fn identity_and_access_rules_come_first() {
     .await;
     let anonymous = Leader::new(&pki, None, false);
     let reply = get(&anonymous, gw.addr, CARD).await;
-    assert_eq!(reply.status, 401, "{}", reply.text());
-    assert_eq!(reply.error().1, "no_client_certificate");
+    // In A2A's terms, as every refusal on an A2A Partner's route (never AIP's -32008).
+    assert_eq!(
+        a2a_error(&reply),
+        (401, -32000, "no_client_certificate".into())
+    );
     let reply = get(&pki.leader(LEADER_B, false), gw.addr, CARD).await;
-    assert_eq!(reply.status, 403, "{}", reply.text());
-    assert_eq!(reply.error().1, "aic_denied");
+    assert_eq!(a2a_error(&reply), (403, -32000, "aic_denied".into()));
     assert_eq!(
         agent.card_fetches(),
         0,

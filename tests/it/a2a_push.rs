@@ -7,6 +7,7 @@
 
 use bytes::Bytes;
 
+use crate::a2a::a2a_error;
 use crate::support::*;
 
 /// A gateway in front of an A2A agent (a recording JSON-RPC upstream), with `push` as the
@@ -111,10 +112,14 @@ async fn private_loopback_link_local_mapped_and_http_urls_are_refused() {
     for (i, (body, field, why)) in cases.iter().enumerate() {
         let reply = leader.post(gw.addr, "/a2a/agent", body).await.unwrap();
         let v = reply.json();
-        assert_eq!(reply.status, 403, "{body}: {}", reply.text());
-        assert_eq!(reply.error(), (-32600, "push_url_refused".into()), "{body}");
+        assert_eq!(
+            a2a_error(&reply),
+            (403, -32600, "push_url_refused".into()),
+            "{body}: {}",
+            reply.text()
+        );
         assert_eq!(v["id"], (i + 1).to_string(), "the id is echoed");
-        assert_eq!(v["error"]["data"]["field"], *field, "{body}");
+        assert_eq!(v["error"]["data"][0]["metadata"]["field"], *field, "{body}");
         assert!(reply.text().contains(why), "{body}: {}", reply.text());
     }
     assert!(
@@ -128,17 +133,21 @@ async fn private_loopback_link_local_mapped_and_http_urls_are_refused() {
 async fn an_ambiguous_config_is_refused() {
     let (pki, agent, gw) = a2a_gateway("").await;
     let leader = pki.leader(LEADER_A, true);
-    let body = r#"{"jsonrpc":"2.0","id":7,"method":"SendMessage","params":{"configuration":{"taskPushNotificationConfig":{"url":"https://93.184.215.14/a","url":"https://127.0.0.1/b"}}}}"#;
-    let reply = leader.post(gw.addr, "/a2a/agent", body).await.unwrap();
-    assert_eq!(reply.status, 403, "{}", reply.text());
-    assert_eq!(reply.error(), (-32600, "push_url_refused".into()));
-    assert_eq!(reply.json()["id"], 7);
-    // Escaped so a byte search for the name misses it; the agent would still read it.
-    let body = r#"{"jsonrpc":"2.0","id":8,"method":"SendMessage","params":{"configuration":{"taskPushNotification\u0043onfig":{"url":"https://127.0.0.1/b"}}}}"#;
+    let body = r#"{"jsonrpc":"2.0","id":7,"method":"SendMessage","params":{"message":{"role":"ROLE_USER","messageId":"m1","parts":[{"text":"hi"}]},"configuration":{"taskPushNotificationConfig":{"url":"https://93.184.215.14/a","url":"https://127.0.0.1/b"}}}}"#;
     let reply = leader.post(gw.addr, "/a2a/agent", body).await.unwrap();
     assert_eq!(
-        reply.error(),
-        (-32600, "push_url_refused".into()),
+        a2a_error(&reply),
+        (403, -32600, "push_url_refused".into()),
+        "{}",
+        reply.text()
+    );
+    assert_eq!(reply.json()["id"], 7);
+    // Escaped so a byte search for the name misses it; the agent would still read it.
+    let body = r#"{"jsonrpc":"2.0","id":8,"method":"SendMessage","params":{"message":{"role":"ROLE_USER","messageId":"m1","parts":[{"text":"hi"}]},"configuration":{"taskPushNotification\u0043onfig":{"url":"https://127.0.0.1/b"}}}}"#;
+    let reply = leader.post(gw.addr, "/a2a/agent", body).await.unwrap();
+    assert_eq!(
+        a2a_error(&reply),
+        (403, -32600, "push_url_refused".into()),
         "{}",
         reply.text()
     );
