@@ -3,6 +3,7 @@
 //! on itself; the fuzz targets ask for it). Not an API: nothing here is
 //! promised to stay.
 
+pub use crate::a2a::push::find as a2a_push_urls;
 pub use crate::allocator::{flush_thread_cache, stats as heap_stats, HeapStats};
 pub use crate::answer::{vet, AnswerLimits};
 pub use crate::metrics::{Metrics, PartnerMetrics, RequestLabels, RouteLabels};

@@ -87,7 +87,7 @@ impl PushPolicy {
 
 /// A push URL found in a request, and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct PushUrl {
+pub struct PushUrl {
     /// Where in the body (`params.configuration.taskPushNotificationConfig.url`).
     pub(crate) field: &'static str,
     /// The URL, unescaped.
@@ -96,7 +96,7 @@ pub(crate) struct PushUrl {
 
 /// Why a body's push URLs could not be read: the body is refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Unreadable(pub(crate) String);
+pub struct Unreadable(pub(crate) String);
 
 static NAMES: LazyLock<[Finder<'static>; 3]> = LazyLock::new(|| {
     [
@@ -108,7 +108,7 @@ static NAMES: LazyLock<[Finder<'static>; 3]> = LazyLock::new(|| {
 
 /// The push URLs `body` hands the agent: `None` when there are none (most bodies, found
 /// by a byte search without parsing).
-pub(crate) fn find(body: &[u8]) -> Option<Result<Vec<PushUrl>, Unreadable>> {
+pub fn find(body: &[u8]) -> Option<Result<Vec<PushUrl>, Unreadable>> {
     if !NAMES.iter().any(|f| f.find(body).is_some()) {
         return None;
     }

@@ -443,6 +443,19 @@ async def resolve(base):
         out["v03"] = V03Card.model_validate(raw).model_dump(mode="json", exclude_none=True, by_alias=True)
     except Exception as e:
         out["v03_error"] = str(e)
+    # The SDK's own client, made from the card (so at the interface URL it names), hands
+    # the agent a push URL to a private address.
+    from a2a.client.client import ClientConfig
+    from a2a.client.client_factory import ClientFactory
+    from a2a.types.a2a_pb2 import TaskPushNotificationConfig
+    async with httpx.AsyncClient(verify=ctx) as http:
+        client = ClientFactory(ClientConfig(httpx_client=http, streaming=False)).create(card)
+        try:
+            config = TaskPushNotificationConfig(task_id="t-1", url="https://10.0.0.1/hook")
+            await client.create_task_push_notification_config(config)
+            out["push"] = "accepted"
+        except Exception as e:
+            out["push"] = f"{type(e).__name__}: {e}"
     print(json.dumps(out), flush=True)
 
 if sys.argv[1] == "card":
@@ -542,7 +555,10 @@ async fn sdk_run(python: &std::path::Path, args: &[&str], env: &[(&str, String)]
 
 /// The card an SDK agent serves, through the gateway, read by the SDK's own card
 /// resolver over mutual TLS: its interfaces name the gateway, and mutual TLS is among
-/// its schemes and requirements, read as 1.0 and as 0.3.
+/// its schemes and requirements, read as 1.0 and as 0.3. The SDK's client made from that
+/// card reaches the gateway, which refuses its push URL to a private address (the SDK
+/// reports an HTTP 403 as its HTTP error, and under `listener.error_status = "ok"` the
+/// JSON-RPC error as Invalid Request); the agent sees no POST.
 #[tokio::test]
 async fn the_sdk_card_resolver_reads_the_rewritten_card() {
     let Some(python) = tokio::task::spawn_blocking(a2a_sdk_python).await.unwrap() else {
@@ -581,4 +597,29 @@ async fn the_sdk_card_resolver_reads_the_rewritten_card() {
     assert_eq!(v03["url"], base.as_str());
     assert_eq!(v03["securitySchemes"][SCHEME]["type"], "mutualTLS", "{v03}");
     assert_eq!(v03["security"], json!([{SCHEME: []}]));
+    let push = out["push"].as_str().unwrap();
+    assert!(push.contains("403"), "{push}");
+
+    let gw = start_gateway(&pki.config(
+        "error_status = \"ok\"",
+        &partner_block("agent", "/a2a/agent", &agent.url(), "protocol = \"a2a\""),
+    ))
+    .await;
+    let base = format!("https://localhost:{}/a2a/agent", gw.addr.port());
+    let out = sdk_run(&python, &["resolve", &base], &env).await;
+    let out: Value = serde_json::from_str(&out).unwrap();
+    let push = out["push"].as_str().unwrap();
+    assert!(push.starts_with("InvalidRequestError"), "{push}");
+    assert!(
+        push.contains("push_url_refused") || push.contains("Invalid Request"),
+        "{push}"
+    );
+    let posts = agent
+        .hits
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|h| h.starts_with("POST"))
+        .count();
+    assert_eq!(posts, 0, "a refused push URL reached the agent");
 }
