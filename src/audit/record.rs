@@ -353,13 +353,41 @@ pub(crate) fn seal(mut rec: LogRecord, signer: &Signer, chain: &mut Chain) -> St
     }
     let mut v = serde_json::to_value(&rec).expect("a record is JSON");
     v["integrity"] = json!({"alg": ALG, "kid": signer.kid()});
-    let sig = signer.sign(&canonical(&v));
-    v["integrity"]["sig"] = sig.into();
-    let line = String::from_utf8(canonical(&v)).expect("JSON is UTF-8");
+    let signed = canonical(&v);
+    let sig = signer.sign(&signed);
+    let line = match with_sig(&signed, signer.kid(), &sig) {
+        Some(line) => line,
+        None => {
+            v["integrity"]["sig"] = sig.into();
+            canonical(&v)
+        }
+    };
+    let line = String::from_utf8(line).expect("JSON is UTF-8");
     chain.seq += 1;
     chain.prev = Some(crate::identity::sha256_hex(line.as_bytes()));
     chain.kid = Some(signer.kid().to_owned());
     line
+}
+
+/// The JCS form of the sealed record made from the signed one without canonicalizing it
+/// again: `"sig"` sorts after `"alg"` and `"kid"`, so it goes last in `integrity`, and a
+/// Base64 string needs no escaping. `None` if `integrity` is not found exactly once.
+pub(super) fn with_sig(signed: &[u8], kid: &str, sig: &str) -> Option<Vec<u8>> {
+    let mut end = Vec::with_capacity(64);
+    end.extend_from_slice(br#""integrity":{"alg":"EdDSA","kid":"#);
+    end.extend_from_slice(&canonical(&Value::from(kid)));
+    let mut found = memchr::memmem::find_iter(signed, &end);
+    let at = found.next()? + end.len();
+    if found.next().is_some() || signed.get(at) != Some(&b'}') {
+        return None;
+    }
+    let mut line = Vec::with_capacity(signed.len() + sig.len() + 8);
+    line.extend_from_slice(&signed[..at]);
+    line.extend_from_slice(br#","sig":""#);
+    line.extend_from_slice(sig.as_bytes());
+    line.push(b'"');
+    line.extend_from_slice(&signed[at..]);
+    Some(line)
 }
 
 /// The RFC 8785 form of a JSON value.

@@ -158,3 +158,28 @@ fn the_signed_form_is_rfc_8785() {
         r#"{"a":{"A":"x","z":true,"é":null},"b":"€","numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27,0,1]}"#
     );
 }
+
+#[test]
+fn a_sealed_line_is_the_jcs_form_of_the_signed_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = settings(dir.path(), 1, 1);
+    let signer = super::key::Signer::load(&s.key, Some("kid \"quoted\" é")).unwrap();
+    let mut chain = super::record::Chain::default();
+    for event in [Event::Start, reload(), Event::Gap { lost: 3 }] {
+        let rec = super::record::record("GATEWAY", &event);
+        let line = super::record::seal(rec, &signer, &mut chain);
+        let v: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(line.as_bytes(), super::record::canonical(&v), "{line}");
+        assert_eq!(v["integrity"]["kid"], "kid \"quoted\" é");
+        // Made by splicing the signature in, not by a second canonical pass.
+        let mut unsigned = v.clone();
+        let sig = unsigned["integrity"]
+            .as_object_mut()
+            .unwrap()
+            .remove("sig")
+            .unwrap();
+        let signed = super::record::canonical(&unsigned);
+        let spliced = super::record::with_sig(&signed, signer.kid(), sig.as_str().unwrap());
+        assert_eq!(spliced.as_deref(), Some(line.as_bytes()));
+    }
+}

@@ -92,6 +92,7 @@ struct Entry<'a> {
 }
 
 /// A line read as a record.
+#[derive(Clone)]
 struct Parsed {
     seq: u64,
     prev: Option<String>,
@@ -137,10 +138,34 @@ pub fn verify(files: &[PathBuf], keys: &[KeyHandle]) -> anyhow::Result<Report> {
             rest = next;
         }
     }
-    Ok(check(&entries, keys))
+    let verdicts = signatures(&entries, keys);
+    Ok(check(&entries, &verdicts))
 }
 
-fn check(entries: &[Entry<'_>], keys: &[KeyHandle]) -> Report {
+/// Each complete line parsed and its signature checked, on every core the process may
+/// use (the signatures are independent; Ed25519 verification is most of the work).
+fn signatures(entries: &[Entry<'_>], keys: &[KeyHandle]) -> Vec<Result<Parsed, String>> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let chunk = entries.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        let parts: Vec<_> = entries
+            .chunks(chunk)
+            .map(|part| {
+                s.spawn(move || {
+                    part.iter()
+                        .map(|e| parse_and_verify(e.bytes, keys))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        parts
+            .into_iter()
+            .flat_map(|h| h.join().expect("a verifying thread does not panic"))
+            .collect()
+    })
+}
+
+fn check(entries: &[Entry<'_>], verdicts: &[Result<Parsed, String>]) -> Report {
     let mut report = Report {
         records: 0,
         seqs: None,
@@ -168,9 +193,10 @@ fn check(entries: &[Entry<'_>], keys: &[KeyHandle]) -> Report {
             ));
             return report;
         }
-        let p = match parse_and_verify(e.bytes, keys) {
-            Ok(p) => p,
+        let p = match &verdicts[i] {
+            Ok(p) => p.clone(),
             Err(why) => {
+                let why = why.clone();
                 // A forged line between two records that still chain to each other was
                 // inserted; otherwise this record's bytes changed.
                 let next_chains = entries
