@@ -50,7 +50,6 @@ mod connection;
 #[cfg(unix)]
 pub mod handover;
 mod idle;
-mod park;
 mod proxy;
 mod sources;
 
