@@ -558,7 +558,7 @@ async fn sdk_run(python: &std::path::Path, args: &[&str], env: &[(&str, String)]
 /// its schemes and requirements, read as 1.0 and as 0.3. The SDK's client made from that
 /// card reaches the gateway, which refuses its push URL to a private address (the SDK
 /// reports an HTTP 403 as its HTTP error, and under `listener.error_status = "ok"` the
-/// JSON-RPC error as Invalid Request); the agent sees no POST.
+/// JSON-RPC error -32600 as its InvalidRequestError); the agent sees no POST.
 #[tokio::test]
 async fn the_sdk_card_resolver_reads_the_rewritten_card() {
     let Some(python) = tokio::task::spawn_blocking(a2a_sdk_python).await.unwrap() else {
@@ -609,11 +609,9 @@ async fn the_sdk_card_resolver_reads_the_rewritten_card() {
     let out = sdk_run(&python, &["resolve", &base], &env).await;
     let out: Value = serde_json::from_str(&out).unwrap();
     let push = out["push"].as_str().unwrap();
+    // -32600 as the SDK names it (its message is its own: the reason travels in A2A's
+    // ErrorInfo metadata); the agent got no POST (below).
     assert!(push.starts_with("InvalidRequestError"), "{push}");
-    assert!(
-        push.contains("push_url_refused") || push.contains("Invalid Request"),
-        "{push}"
-    );
     let posts = agent
         .hits
         .lock()

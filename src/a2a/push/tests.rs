@@ -148,5 +148,9 @@ async fn resolutions_wait_for_a_turn_within_the_timeout() {
     // An IP literal needs no turn.
     p.check("https://93.184.215.14/h").await.unwrap();
     drop(turn);
-    assert!(p.check("https://localhost/h").await.unwrap_err().contains("resolves to"));
+    assert!(p
+        .check("https://localhost/h")
+        .await
+        .unwrap_err()
+        .contains("resolves to"));
 }
