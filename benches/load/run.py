@@ -413,8 +413,23 @@ def start_proxy(name, binary, d, backend, resumption, extra=""):
         proc = Proc(name, [binary, "run", "--config", str(config)], PROXY_CPU, d, wait_port=port)
         proc.prefix = extra.prefix
         return proc
-    argv = [binary, "run", "--config", str(aipgw_config(d, port, backend, resumption, extra))]
-    return Proc(name, argv, PROXY_CPU, d, wait_port=port)
+    config = aipgw_config(d, port, backend, resumption, extra)
+    proc = Proc(name, [binary, "run", "--config", str(config)], PROXY_CPU, d, wait_port=port)
+    proc.config = config
+    return proc
+
+
+def span_counts(proc):
+    """--otlp: the gateway's trace_spans_* counters from its admin /metrics (the port read
+    from its config), or "" for a gateway without [tracing]."""
+    config = getattr(proc, "config", None)
+    if config is None or "[tracing]" not in config.read_text():
+        return ""
+    import urllib.request
+    admin = [l for l in config.read_text().splitlines() if l.startswith("bind = ") and "127.0.0.1" in l]
+    addr = admin[-1].split('"')[1]
+    text = urllib.request.urlopen(f"http://{addr}/metrics", timeout=5).read().decode()
+    return ", ".join(l for l in text.splitlines() if l.startswith("aipgw_trace_spans_"))
 
 
 def oha(d, port, mode, duration, conns, prefix="/aip"):
@@ -550,7 +565,9 @@ def run_mode(mode, proxies, d, backend, args):
                 )
                 print(f"{mode} {name}: system calls per {unit}: {parts}")
     finally:
-        for p in started.values():
+        for name, p in started.items():
+            if counts := span_counts(p):
+                print(f"{mode} {name}: {counts}")
             p.stop()
     return rows
 
@@ -658,10 +675,14 @@ def start_otlp(d, proxies):
     """--otlp: beside aipgw, the same binary exporting every request's spans (`sample_ratio`
     1.0, OTLP/gRPC) to a live receiver (examples/otlp_sink: the official trace service,
     decoding every span; on the load's core) and to a dead one (a port nothing listens on:
-    every export refused)."""
+    every export refused); and to the live one with a queue of 2^20 requests (`aipgw+otlp-bigq`:
+so that a receiver slower than the load drops nothing). Each one's span counters (exported,
+failed, dropped) are printed at the end."""
     sink = Proc("otlp_sink", [str(RELEASE / "examples" / "otlp_sink"), "127.0.0.1:0"], LOAD_CPU, d)
-    for label, port in (("aipgw+otlp", sink.port), ("aipgw+otlp-dead", free_port())):
-        toml = f'\n[tracing]\notlp_endpoint = "http://127.0.0.1:{port}"\nsample_ratio = 1.0\n'
+    for label, port, queue in (("aipgw+otlp", sink.port, 2048), ("aipgw+otlp-dead", free_port(), 2048),
+                               ("aipgw+otlp-bigq", sink.port, 1 << 20)):
+        toml = (f'\n[tracing]\notlp_endpoint = "http://127.0.0.1:{port}"\nsample_ratio = 1.0\n'
+                f'queue_size = {queue}\n')
         proxies.append((label, str(RELEASE / "aipgw"), toml))
     return [sink]
 

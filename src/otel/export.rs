@@ -19,13 +19,11 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
 use opentelemetry_proto::tonic::resource::v1::Resource;
-use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans};
-use prost::Message;
 use tokio::sync::{mpsc, Notify};
 
+use super::encode::Encoder;
 use super::{ExporterState, Finished, SpanCounts, TracingSettings};
 use crate::config::raw::OtlpProtocol;
 
@@ -55,7 +53,8 @@ pub(super) struct Exporter {
     timeout: Duration,
     interval: Duration,
     batch_size: usize,
-    resource: Resource,
+    /// Writes the export requests' bytes (its buffers reused across batches).
+    encoder: Encoder,
     /// The last export failed (the next failure is logged at debug level only).
     failing: bool,
 }
@@ -76,13 +75,7 @@ impl Exporter {
             OtlpProtocol::HttpProtobuf => "application/x-protobuf",
         };
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-        let resource = Resource {
-            attributes: vec![
-                string("service.name", &settings.service_name),
-                string("service.version", env!("CARGO_PKG_VERSION")),
-            ],
-            ..Resource::default()
-        };
+        let (resource, scope) = resource_and_scope(&settings.service_name);
         Ok(Exporter {
             ch,
             counts,
@@ -93,7 +86,7 @@ impl Exporter {
             timeout: settings.timeout,
             interval: settings.export_interval,
             batch_size: settings.batch_size,
-            resource,
+            encoder: Encoder::new(&resource, &scope),
             failing: false,
         })
     }
@@ -119,8 +112,7 @@ impl Exporter {
             let closed = self.take(&mut batch);
             let full = batch.len() == self.batch_size;
             if !batch.is_empty() {
-                let taken = std::mem::replace(&mut batch, Vec::with_capacity(self.batch_size));
-                self.send(taken).await;
+                self.send(&mut batch).await;
             }
             self.ch.state.busy.store(false, Ordering::SeqCst);
             if closed {
@@ -152,31 +144,18 @@ impl Exporter {
         false
     }
 
-    /// One export request for `batch`, counted.
-    async fn send(&mut self, batch: Vec<Finished>) {
-        let mut spans = Vec::with_capacity(batch.len() * 2);
-        for f in batch {
-            f.into_spans(&mut spans);
+    /// One export request for `batch` (emptied, its room kept for the next), counted.
+    async fn send(&mut self, batch: &mut Vec<Finished>) {
+        for f in batch.drain(..) {
+            self.encoder.push(&f);
         }
-        let n = spans.len() as u64;
-        let request = ExportTraceServiceRequest {
-            resource_spans: vec![ResourceSpans {
-                resource: Some(self.resource.clone()),
-                scope_spans: vec![ScopeSpans {
-                    scope: Some(InstrumentationScope {
-                        name: "aipgw".to_owned(),
-                        version: env!("CARGO_PKG_VERSION").to_owned(),
-                        ..InstrumentationScope::default()
-                    }),
-                    spans,
-                    ..ScopeSpans::default()
-                }],
-                ..ResourceSpans::default()
-            }],
-        };
-        let result = match tokio::time::timeout(self.timeout, self.post(&request)).await {
-            Ok(r) => r,
-            Err(_) => Err(anyhow::anyhow!("no answer within tracing.timeout")),
+        let n = self.encoder.count();
+        let body = self.encoder.finish(self.protocol == OtlpProtocol::Grpc);
+        let result = match body {
+            Ok(body) => tokio::time::timeout(self.timeout, self.post(body))
+                .await
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within tracing.timeout"))),
+            Err(e) => Err(e),
         };
         match result {
             Ok(()) => {
@@ -195,12 +174,8 @@ impl Exporter {
         }
     }
 
-    /// Sends `request` and judges the answer.
-    async fn post(&self, request: &ExportTraceServiceRequest) -> anyhow::Result<()> {
-        let body = match self.protocol {
-            OtlpProtocol::Grpc => grpc_frame(request)?,
-            OtlpProtocol::HttpProtobuf => Bytes::from(request.encode_to_vec()),
-        };
+    /// Sends `body` (the encoded request) and judges the answer.
+    async fn post(&self, body: Bytes) -> anyhow::Result<()> {
         let mut req = Request::post(self.url.clone()).body(Full::new(body))?;
         *req.headers_mut() = self.headers.clone();
         let resp = self.client.request(req).await?;
@@ -233,20 +208,6 @@ impl Exporter {
             None => bail!("no grpc-status in the answer"),
         }
     }
-}
-
-/// A gRPC message frame: uncompressed, its length, the message.
-fn grpc_frame(request: &ExportTraceServiceRequest) -> anyhow::Result<Bytes> {
-    let len = request.encoded_len();
-    let mut out = Vec::with_capacity(5 + len);
-    out.push(0);
-    out.extend_from_slice(
-        &u32::try_from(len)
-            .context("export request too large")?
-            .to_be_bytes(),
-    );
-    request.encode(&mut out)?;
-    Ok(Bytes::from(out))
 }
 
 /// The HTTP client: HTTP/2 only for gRPC (prior knowledge on `http://`), HTTP/1.1 for
@@ -293,6 +254,24 @@ fn client(
     Ok(Client::builder(TokioExecutor::new())
         .http2_only(s.protocol == OtlpProtocol::Grpc)
         .build(connector))
+}
+
+/// The export requests' `Resource` (`service.name`, `service.version`) and
+/// `InstrumentationScope` (`aipgw` and its version).
+pub(super) fn resource_and_scope(service_name: &str) -> (Resource, InstrumentationScope) {
+    let resource = Resource {
+        attributes: vec![
+            string("service.name", service_name),
+            string("service.version", env!("CARGO_PKG_VERSION")),
+        ],
+        ..Resource::default()
+    };
+    let scope = InstrumentationScope {
+        name: "aipgw".to_owned(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        ..InstrumentationScope::default()
+    };
+    (resource, scope)
 }
 
 /// A string attribute.

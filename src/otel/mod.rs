@@ -14,8 +14,8 @@
 //! trace ids, and at the end one `try_send` of a small record of plain fields
 //! ([`Finished`]) into a bounded queue: never a wait, a lock or an allocation of its own
 //! beyond the attribute copies of a sampled request. The exporter (`export`) runs on a
-//! thread of its own, turns the records into the official OTLP messages
-//! (`opentelemetry-proto`, prost) and sends them with hyper's client, gRPC or
+//! thread of its own, writes the records as the official OTLP messages' protobuf bytes
+//! (`encode`, by hand; `opentelemetry-proto`'s prost types check it in tests) and sends them with hyper's client, gRPC or
 //! HTTP/protobuf, so a slow or dead collector meets only that thread: the queue fills,
 //! and what does not fit is dropped and counted.
 //!
@@ -28,6 +28,7 @@
 //! stream that failed) is exported even if the head said no. Its spans then name a
 //! parent the client may not have recorded.
 
+mod encode;
 mod export;
 mod settings;
 mod span;

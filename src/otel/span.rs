@@ -1,5 +1,5 @@
 //! What the request path hands the exporter ([`Finished`]: plain fields, no OTLP types),
-//! and how the exporter turns it into OTLP spans (its own thread, off the request path).
+//! (the exporter's `encode` writes its OTLP spans, on its own thread, off the request path).
 //!
 //! Attribute names: the OpenTelemetry JSON-RPC conventions (`rpc.system = "jsonrpc"`,
 //! `rpc.method`, `rpc.jsonrpc.version`, `rpc.jsonrpc.request_id`,
@@ -11,7 +11,9 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
+#[cfg(test)]
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
+#[cfg(test)]
 use opentelemetry_proto::tonic::trace::v1::{span::SpanKind, status::StatusCode, Span, Status};
 
 use crate::identity::Aic;
@@ -90,8 +92,10 @@ impl Finished {
         cut(text, max)
     }
 
-    /// The OTLP spans: the server span, then the client span if the request reached a
-    /// Partner.
+    /// The OTLP spans as prost structs: the client span if the request reached a Partner,
+    /// then the server span. Only the differential test of `encode` uses it (the exporter
+    /// writes the bytes by hand, see there).
+    #[cfg(test)]
     pub(crate) fn into_spans(self, out: &mut Vec<Span>) {
         let status = self.error.then(|| Status {
             code: StatusCode::Error as i32,
@@ -149,6 +153,7 @@ impl Finished {
     }
 
     /// The attributes both spans carry.
+    #[cfg(test)]
     fn common(&self, a: &mut Vec<KeyValue>) {
         kv_str(a, "rpc.system", "jsonrpc");
         kv_str(a, "rpc.jsonrpc.version", "2.0");
@@ -191,6 +196,7 @@ pub(crate) fn cut(text: &str, max: usize) -> Box<str> {
     text[..end].into()
 }
 
+#[cfg(test)]
 fn kv(a: &mut Vec<KeyValue>, key: &str, value: any_value::Value) {
     a.push(KeyValue {
         key: key.to_owned(),
@@ -199,10 +205,12 @@ fn kv(a: &mut Vec<KeyValue>, key: &str, value: any_value::Value) {
     });
 }
 
+#[cfg(test)]
 fn kv_str(a: &mut Vec<KeyValue>, key: &str, value: &str) {
     kv(a, key, any_value::Value::StringValue(value.to_owned()));
 }
 
+#[cfg(test)]
 fn kv_int(a: &mut Vec<KeyValue>, key: &str, value: i64) {
     kv(a, key, any_value::Value::IntValue(value));
 }
