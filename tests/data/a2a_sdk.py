@@ -65,6 +65,9 @@ def agent():
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
+    # Listening before the port is printed: a request sent at once waits in the backlog
+    # until the server takes it, rather than being refused.
+    sock.listen(128)
     url = f"http://127.0.0.1:{port}/"
     card = AgentCard(
         name="sdk agent",

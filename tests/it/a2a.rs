@@ -16,7 +16,7 @@ use crate::sdk::python_with;
 use crate::support::*;
 
 /// What the test installs: the SDK with its server's extras, and an ASGI server for it.
-const SDK: [&str; 2] = ["a2a-sdk[http-server]==1.3.0", "uvicorn==0.54.0"];
+pub(crate) const SDK: [&str; 2] = ["a2a-sdk[http-server]==1.3.0", "uvicorn==0.54.0"];
 
 /// The helper script, with the agent and the client.
 fn script() -> std::path::PathBuf {
@@ -24,9 +24,9 @@ fn script() -> std::path::PathBuf {
 }
 
 /// The SDK's agent, stopped on drop.
-struct Agent {
+pub(crate) struct Agent {
     child: Child,
-    port: u16,
+    pub(crate) port: u16,
 }
 
 impl Drop for Agent {
@@ -37,7 +37,7 @@ impl Drop for Agent {
 }
 
 /// Starts the agent and waits for the port it listens on (its first line).
-fn start_agent(python: &Path) -> Agent {
+pub(crate) fn start_agent(python: &Path) -> Agent {
     let mut child = Command::new(python)
         .arg(script())
         .arg("agent")
@@ -214,7 +214,7 @@ async fn the_sdks_agent_and_client_through_the_gateway() {
 }
 
 /// `(HTTP status, error.code, ErrorInfo metadata reason)` of an A2A error answer.
-fn a2a_error(r: &Reply) -> (u16, i64, String) {
+pub(crate) fn a2a_error(r: &Reply) -> (u16, i64, String) {
     let v = r.json();
     let info = &v["error"]["data"][0];
     assert_eq!(

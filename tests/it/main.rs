@@ -2,6 +2,7 @@
 //! Integration tests: real TLS and real HTTP on loopback, certificates generated here.
 
 mod a2a;
+mod a2a_resume;
 mod auth;
 mod body_rules;
 mod claims;
