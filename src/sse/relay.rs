@@ -268,6 +268,31 @@ mod tests {
         StreamBody::new(futures_util::StreamExt::chain(head, tail))
     }
 
+    /// A2A events carry no `eventSeq`: the gateway numbers each event with data from the
+    /// given number (a comment is not counted), and the agent closing the stream is its
+    /// end, whatever state the last event named.
+    #[tokio::test(start_paused = true)]
+    async fn counted_numbering_numbers_events_with_data_and_a_close_completes() {
+        let rec = record();
+        let chunks: Vec<&'static [u8]> = vec![
+            b"data: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"kind\":\"task\"}}\n\n: ping\n\n",
+            b"data: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"eventSeq\":9}}\n\n",
+        ];
+        let body = StreamBody::new(futures_util::stream::iter(
+            chunks
+                .into_iter()
+                .map(|c| Ok::<_, Infallible>(Frame::data(Bytes::from_static(c)))),
+        ));
+        let _follower = rec.clone().follow();
+        let first = Numbering::CountFrom(7 << 32 | 1);
+        let end = record_numbered(body, rec.clone(), settings(), (), first).await;
+        assert_eq!(end, StreamEnd::Complete);
+        let (entries, end) = read_all(&rec);
+        let seqs: Vec<u64> = entries.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, [7 << 32 | 1, NO_SEQ, 7 << 32 | 2]);
+        assert_eq!(end, Some(StreamEnd::Complete));
+    }
+
     async fn next_text(body: &mut ResponseBody) -> String {
         let mut out = String::new();
         loop {
