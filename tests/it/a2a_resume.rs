@@ -36,33 +36,21 @@ fn id_of(e: &Event) -> u64 {
     id.parse().unwrap()
 }
 
-#[tokio::test]
-async fn an_a2a_stream_dropped_and_resumed_gets_every_event_once_in_order() {
-    let Some(python) = tokio::task::spawn_blocking(|| {
-        python_with(&SDK, "a2a-sdk-venv", "a2a.server.routes, uvicorn")
-    })
-    .await
-    .unwrap() else {
-        return;
-    };
-    let agent = {
-        let python = python.clone();
-        tokio::task::spawn_blocking(move || start_agent(&python))
-            .await
-            .unwrap()
-    };
-    let pki = Pki::new();
-    let upstream = format!("http://127.0.0.1:{}", agent.port);
-    let partners = partner_block("sdk", "/agents/sdk", &upstream, "protocol = \"a2a\"");
-    let gw = start_gateway(&pki.config("", &partners)).await;
-    let owner = pki.leader(LEADER_B, false);
+/// Opens a stream for `text` (six artifacts), drops it after three events, resumes it
+/// from the last id got and checks every event came once, in order; the task and the
+/// ids got before the drop.
+async fn drop_and_resume(
+    owner: &Leader,
+    addr: std::net::SocketAddr,
+    text: &str,
+) -> (String, Vec<u64>) {
     let v03 = [("a2a-version", "0.3")];
-    let stream = r#"{"jsonrpc":"2.0","id":1,"method":"message/stream","params":{"message":{"kind":"message","messageId":"m-1","role":"user","parts":[{"kind":"text","text":"stream 6"}]}}}"#;
+    let stream = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"message/stream","params":{{"message":{{"kind":"message","messageId":"m-{text}","role":"user","parts":[{{"kind":"text","text":"{text}"}}]}}}}}}"#
+    );
 
     // The stream, dropped after its third event.
-    let mut first = owner
-        .open_stream(gw.addr, "/agents/sdk", stream, &v03)
-        .await;
+    let mut first = owner.open_stream(addr, "/agents/sdk", &stream, &v03).await;
     assert_eq!(first.status, 200);
     let mut before = Vec::new();
     for _ in 0..3 {
@@ -80,7 +68,7 @@ async fn an_a2a_stream_dropped_and_resumed_gets_every_event_once_in_order() {
     );
     let headers = [("a2a-version", "0.3"), ("last-event-id", last.as_str())];
     let mut again = owner
-        .open_stream(gw.addr, "/agents/sdk", &resubscribe, &headers)
+        .open_stream(addr, "/agents/sdk", &resubscribe, &headers)
         .await;
     assert_eq!(again.status, 200);
     let after = rest(&mut again).await;
@@ -104,6 +92,38 @@ async fn an_a2a_stream_dropped_and_resumed_gets_every_event_once_in_order() {
     expected.extend((0..6).map(|i| format!("artifact a{i}")));
     expected.push("status completed".to_owned());
     assert_eq!(seen, expected);
+
+    (task, ids)
+}
+
+#[tokio::test]
+async fn an_a2a_stream_dropped_and_resumed_gets_every_event_once_in_order() {
+    let Some(python) = tokio::task::spawn_blocking(|| {
+        python_with(&SDK, "a2a-sdk-venv", "a2a.server.routes, uvicorn")
+    })
+    .await
+    .unwrap() else {
+        return;
+    };
+    let agent = {
+        let python = python.clone();
+        tokio::task::spawn_blocking(move || start_agent(&python))
+            .await
+            .unwrap()
+    };
+    let pki = Pki::new();
+    let upstream = format!("http://127.0.0.1:{}", agent.port);
+    let partners = partner_block("sdk", "/agents/sdk", &upstream, "protocol = \"a2a\"");
+    let gw = start_gateway(&pki.config("", &partners)).await;
+    let owner = pki.leader(LEADER_B, false);
+    // Resumed while the agent's stream goes on (the held events, then live ones), and
+    // once it ended (served from a finished record).
+    drop_and_resume(&owner, gw.addr, "slow 6").await;
+    let (task, ids) = drop_and_resume(&owner, gw.addr, "stream 6").await;
+    let last = ids[2].to_string();
+    let resubscribe = format!(
+        r#"{{"jsonrpc":"2.0","id":"r","method":"tasks/resubscribe","params":{{"id":"{task}"}}}}"#
+    );
 
     // An id of no record the gateway holds: forwarded, the agent's own semantics (the
     // SDK refuses a finished task: -32004), nothing served from the buffer.
