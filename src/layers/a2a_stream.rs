@@ -13,9 +13,9 @@
 //! - **Resumed**: a `SubscribeToTask` / `tasks/resubscribe` with `Last-Event-ID` from the
 //!   record's owner is served from the buffer when the record is this instance's, the id
 //!   is one of its numbers and every event after it is still held: first the current
-//!   `Task` (A2A requires a subscription to start with it), folded from the `Task` the
-//!   record holds and the status and artifact updates after it, sent without an `id:`
-//!   line; then the held events after the id; then live ones while the recording goes on.
+//!   `Task` as of the id (A2A requires a subscription to start with it), folded from
+//!   the `Task` the record holds and the status and artifact updates after it up to the
+//!   id, sent without an `id:` line; then the held events after the id (its updates); then live ones while the recording goes on.
 //!   Otherwise (no record, the id of another record, events evicted, the `Task` itself
 //!   evicted) the request is forwarded and the agent's own resubscribe semantics apply
 //!   (the SDK's: the current `Task`, then live events only); its answer is recorded anew.
@@ -201,7 +201,11 @@ pub(crate) fn resume(
         .cursor_after(Some(after))
         .ok()
         .filter(|_| same_record)?;
-    let task_event = super::a2a_fold::current_task(&held, &listener.id)?;
+    // The Task as of the resume point: the events after it follow as its updates.
+    let upto = (held.iter())
+        .position(|e| e.seq != crate::sse::replay::NO_SEQ && e.seq > after)
+        .unwrap_or(held.len());
+    let task_event = super::a2a_fold::current_task(&held[..upto], &listener.id)?;
     // A finished record's reader takes an open-stream permit while it reads (a live one
     // is counted by its recorder).
     let permit = match record.is_finished() {

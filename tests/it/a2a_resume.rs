@@ -77,6 +77,14 @@ async fn drop_and_resume(
     assert_eq!(current.json["result"]["id"], task.as_str());
     assert_eq!(current.json["id"], "r", "the resubscription's JSON-RPC id");
     assert!(current.sse_id.is_none(), "the Task moves no resume point");
+    // As of the resume point: working, the one artifact got before the drop; the
+    // events after it bring the rest.
+    let got = &current.json["result"];
+    assert_eq!(got["status"]["state"], "working", "{got}");
+    let names: Vec<&str> = (got["artifacts"].as_array().unwrap().iter())
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["a0"], "{got}");
     for e in after {
         assert_eq!(e.json["id"], "r", "{}", e.json);
     }
