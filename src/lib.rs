@@ -55,7 +55,9 @@
 //!   `jsonrpc::a2a_answer`: the task and context an A2A agent's answer names.
 //! - A2A Partners take the same path: their envelope in `Envelope`, ownership in
 //!   `Policy` (`layers::a2a_policy`, `policy::a2a`: recorded from the agent's answer by
-//!   `layers::a2a_answer`), their callers' errors in A2A's terms (`error::a2a`).
+//!   `layers::a2a_answer`), their callers' errors in A2A's terms (`error::a2a`), their
+//!   event streams through the replay buffer and resumed from it (`layers::a2a_stream`,
+//!   the current `Task` folded by `layers::a2a_fold`).
 //! - `routing`: the Partner table: host + path -> Partner and method.
 //! - `upstream`: clients to Partners: the gateway's own HTTP/1.1 client (`wire`: the bytes;
 //!   `conn`, `idle`: connections and those kept between requests; `h1`: a request on its

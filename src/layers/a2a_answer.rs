@@ -52,7 +52,7 @@ pub(crate) async fn send<G: Send + 'static>(
 }
 
 /// Records what the answer names (see the module documentation) and hands it back.
-async fn record<B>(
+pub(crate) async fn record<B>(
     resp: Response<B>,
     recorder: Recorder,
     cfg: &Config,

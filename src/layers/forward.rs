@@ -92,12 +92,17 @@ enum Work {
     Stream(StreamRequest, Option<PendingClaim>),
     /// An A2A message, whose answer names the task and context it owns, or an A2A
     /// event stream.
-    A2a {
-        /// Records the owners a message's answer names.
-        recorder: Option<crate::policy::a2a::Recorder>,
-        /// The answer is an event stream.
-        streams: bool,
-    },
+    A2a(A2aWork),
+}
+
+/// What an A2A call needs beyond the plain way.
+struct A2aWork {
+    /// Records the owners a message's answer names.
+    recorder: Option<crate::policy::a2a::Recorder>,
+    /// The answer is an event stream (`super::a2a_stream`).
+    streams: bool,
+    /// A resubscription's task and `Last-Event-ID`: perhaps served from the buffer.
+    resume: Option<(String, u64)>,
 }
 
 /// Takes what the call needs out of the exchange and builds the Partner's request.
@@ -164,7 +169,16 @@ fn a2a_work(
         aic: caller.aic,
     });
     let streams = call.verb.streams();
-    (recorder.is_some() || streams).then_some(Work::A2a { recorder, streams })
+    let subscribes = call.verb.method == crate::jsonrpc::a2a::A2aMethod::SubscribeToTask;
+    let resume = (call.task_id.as_ref())
+        .filter(|_| subscribes)
+        .zip(streams::last_event_id(&x.head.headers))
+        .map(|(task, after)| (task.get(&x.body).to_owned(), after));
+    (recorder.is_some() || streams).then_some(Work::A2a(A2aWork {
+        recorder,
+        streams,
+        resume,
+    }))
 }
 
 /// A plain request's state while its response head is awaited.
@@ -283,21 +297,17 @@ async fn forward_boxed(mut x: Exchange<()>, p: Prepared, work: Work) -> Handled 
             let id = x.id.clone();
             streams::handle(&snap, partner, &p.caller, req, id, p.upstream, work).await
         }
-        Work::A2a { recorder, streams } => {
-            let stream_permit = match streams.then(|| snap.streams.try_take(&p.caller.aic)) {
-                Some(None) => Err(GatewayError::busy("aic_streams")),
-                Some(permit) => Ok(permit),
-                None => Ok(None),
-            };
-            match stream_permit {
-                Ok(permit) => {
-                    let (cfg, held) = (snap.config.clone(), (p.in_flight, permit));
-                    let sent =
-                        super::a2a_answer::send(partner.clone(), p.upstream, recorder, cfg, held);
-                    sent.await.map(|(resp, held)| relay(&mut x, resp, held))
-                }
-                Err(e) => Err(e),
-            }
+        Work::A2a(work) => {
+            let (upstream, in_flight) = (p.upstream, p.in_flight);
+            a2a_forward(
+                &mut x,
+                &snap,
+                partner,
+                &p.caller,
+                (upstream, in_flight),
+                work,
+            )
+            .await
         }
         Work::Claim(claim) => {
             let cfg = snap.config.clone();
@@ -311,6 +321,59 @@ async fn forward_boxed(mut x: Exchange<()>, p: Prepared, work: Work) -> Handled 
     match result {
         Ok(response) => Ok(x.reply(response)),
         Err(e) => Err(x.refuse(e)),
+    }
+}
+
+/// An A2A call that cannot go the plain way: a resubscription perhaps served from the
+/// replay buffer, a message whose answer names owners, an event stream relayed through
+/// the buffer (`super::a2a_stream`), holding one of the caller's open-stream permits
+/// (`ratelimit.max_streams_per_aic`) until it ends.
+async fn a2a_forward(
+    x: &mut Exchange<()>,
+    snap: &Arc<crate::gateway::Snapshot>,
+    partner: &Arc<crate::routing::Partner>,
+    caller: &PeerIdentity,
+    (upstream, in_flight): (Request<Full<Bytes>>, InFlightPermit),
+    work: A2aWork,
+) -> Result<Response<ResponseBody>, GatewayError> {
+    use super::a2a_stream::{self, Opened};
+    let tally = x.log.stream.insert(Arc::default()).clone();
+    if let Some((task, after)) = &work.resume {
+        let listener = streams::listener(snap, x.id.clone(), tally.clone());
+        let name = &partner.config.name;
+        if let Some(served) = a2a_stream::resume(snap, name, &caller.aic, task, *after, listener) {
+            tracing::debug!(task, after, "an A2A resubscription served from the buffer");
+            return served.map(|body| streams::sse_response(streams::counted(snap, body)));
+        }
+    }
+    let cfg = snap.config.clone();
+    if !work.streams {
+        let sent =
+            super::a2a_answer::send(partner.clone(), upstream, work.recorder, cfg, in_flight);
+        let (resp, held) = sent.await?;
+        return Ok(relay(x, resp, held));
+    }
+    let permit = snap
+        .streams
+        .try_take(&caller.aic)
+        .ok_or_else(|| GatewayError::busy("aic_streams"))?;
+    let held = (in_flight, permit);
+    match a2a_stream::send(
+        snap,
+        partner.clone(),
+        upstream,
+        work.recorder,
+        caller.aic,
+        held,
+    )
+    .await?
+    {
+        Opened::Plain(resp, held) => Ok(relay(x, resp, held)),
+        Opened::Recorded(feed) => {
+            let listener = streams::listener(snap, x.id.clone(), tally);
+            let body = crate::sse::follow::body(feed, listener);
+            Ok(streams::sse_response(streams::counted(snap, body)))
+        }
     }
 }
 

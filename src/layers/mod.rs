@@ -49,7 +49,9 @@
 //! with the handler. `examples/embedded_partner.rs` shows it.
 
 mod a2a_answer;
+mod a2a_fold;
 mod a2a_policy;
+mod a2a_stream;
 mod ask;
 mod authenticate;
 mod card;

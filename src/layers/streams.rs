@@ -213,7 +213,7 @@ impl Answered {
 /// The recorder's end, or `shutting_down` once the drain time is over (the Partner's
 /// stream is then cancelled, and the record, in Redis too, says why it ended rather than
 /// losing its recorder unannounced).
-async fn until_closing(
+pub(crate) async fn until_closing(
     recorded: impl std::future::Future<Output = StreamEnd>,
     record: Arc<dyn crate::sse::replay::StreamRecord>,
     mut closing: tokio::sync::watch::Receiver<bool>,
@@ -230,7 +230,7 @@ async fn until_closing(
 
 /// How a follower's body tells this Leader: its id, the stream settings of `snap`, the
 /// shutdown signal, its tally.
-fn listener(snap: &Snapshot, id: RpcId, tally: Arc<StreamTally>) -> Listener {
+pub(crate) fn listener(snap: &Snapshot, id: RpcId, tally: Arc<StreamTally>) -> Listener {
     let settings = snap.config.stream;
     Listener {
         id,
@@ -247,7 +247,7 @@ fn restreamed(snap: &Snapshot, served_by: &'static str) {
 }
 
 /// Counts the stream in `open_streams` while its body lives.
-fn counted(snap: &Snapshot, body: ResponseBody) -> ResponseBody {
+pub(crate) fn counted(snap: &Snapshot, body: ResponseBody) -> ResponseBody {
     struct Open(prometheus_client::metrics::gauge::Gauge);
     impl Drop for Open {
         fn drop(&mut self) {
@@ -259,7 +259,7 @@ fn counted(snap: &Snapshot, body: ResponseBody) -> ResponseBody {
     hold(body, Open(gauge))
 }
 
-fn sse_response(body: ResponseBody) -> Response<ResponseBody> {
+pub(crate) fn sse_response(body: ResponseBody) -> Response<ResponseBody> {
     let mut r = Response::new(body);
     let h = r.headers_mut();
     h.insert(

@@ -50,6 +50,31 @@ pub async fn record_upstream<B, G>(
 where
     B: Body<Data = Bytes> + Unpin,
 {
+    record_numbered(body, record, s, held, Numbering::FromEvents).await
+}
+
+/// Where an event's `eventSeq` (its `id:` line) comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Numbering {
+    /// The Partner's own `result.eventSeq` (AIP); a stream that closes before a
+    /// terminal state ended early.
+    FromEvents,
+    /// Given by the gateway, counting up from this number, one per event with data (A2A
+    /// events carry none); the agent closing the stream is its end.
+    CountFrom(u64),
+}
+
+/// [`record_upstream`], the events numbered as `numbering` says.
+pub(crate) async fn record_numbered<B, G>(
+    body: B,
+    record: Arc<dyn StreamRecord>,
+    s: StreamSettings,
+    held: G,
+    mut numbering: Numbering,
+) -> StreamEnd
+where
+    B: Body<Data = Bytes> + Unpin,
+{
     let mut body = body;
     let mut splitter = Splitter::new(s.max_event_bytes);
     let mut events: Vec<RawEvent> = Vec::new();
@@ -64,8 +89,8 @@ where
             frame = body.frame() => match frame {
                 None => {
                     splitter.finish(&mut events);
-                    terminal |= append_all(&*record, &mut events);
-                    break if terminal {
+                    terminal |= append_all(&*record, &mut events, &mut numbering);
+                    break if terminal || numbering != Numbering::FromEvents {
                         StreamEnd::Complete
                     } else {
                         StreamEnd::Failed { reason: "upstream_closed_early" }
@@ -76,7 +101,7 @@ where
                     idle.as_mut().reset(Instant::now() + s.idle_timeout);
                     if let Ok(data) = frame.into_data() {
                         let too_large = splitter.push(data, &mut events).is_err();
-                        terminal |= append_all(&*record, &mut events);
+                        terminal |= append_all(&*record, &mut events, &mut numbering);
                         if too_large {
                             break StreamEnd::Failed { reason: "event_too_large" };
                         }
@@ -118,11 +143,20 @@ async fn sleep_until_opt(at: Option<Instant>) {
 }
 
 /// Appends split events to the record; true if one reports a terminal task state.
-fn append_all(record: &dyn StreamRecord, events: &mut Vec<RawEvent>) -> bool {
+fn append_all(
+    record: &dyn StreamRecord,
+    events: &mut Vec<RawEvent>,
+    numbering: &mut Numbering,
+) -> bool {
     let mut terminal = false;
     let mut entries = events.drain(..).map(|ev| {
-        let info = inspect(&ev.bytes);
+        let mut info = inspect(&ev.bytes);
         terminal |= info.terminal;
+        if let Numbering::CountFrom(next) = numbering {
+            let has_data = super::splitter::fields(&ev.bytes).data.is_some();
+            info.seq = has_data.then_some(*next);
+            *next += u64::from(has_data);
+        }
         let (id_start, id_len) = info
             .id_range
             .map_or((0, 0), |r| (r.start as u32, (r.end - r.start) as u32));
@@ -232,6 +266,31 @@ mod tests {
         );
         let tail = futures_util::stream::pending();
         StreamBody::new(futures_util::StreamExt::chain(head, tail))
+    }
+
+    /// A2A events carry no `eventSeq`: the gateway numbers each event with data from the
+    /// given number (a comment is not counted), and the agent closing the stream is its
+    /// end, whatever state the last event named.
+    #[tokio::test(start_paused = true)]
+    async fn counted_numbering_numbers_events_with_data_and_a_close_completes() {
+        let rec = record();
+        let chunks: Vec<&'static [u8]> = vec![
+            b"data: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"kind\":\"task\"}}\n\n: ping\n\n",
+            b"data: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"eventSeq\":9}}\n\n",
+        ];
+        let body = StreamBody::new(futures_util::stream::iter(
+            chunks
+                .into_iter()
+                .map(|c| Ok::<_, Infallible>(Frame::data(Bytes::from_static(c)))),
+        ));
+        let _follower = rec.clone().follow();
+        let first = Numbering::CountFrom(7 << 32 | 1);
+        let end = record_numbered(body, rec.clone(), settings(), (), first).await;
+        assert_eq!(end, StreamEnd::Complete);
+        let (entries, end) = read_all(&rec);
+        let seqs: Vec<u64> = entries.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, [7 << 32 | 1, NO_SEQ, 7 << 32 | 2]);
+        assert_eq!(end, Some(StreamEnd::Complete));
     }
 
     async fn next_text(body: &mut ResponseBody) -> String {

@@ -6,6 +6,7 @@ Its executor, by the message text:
   "wait"      -> the task stops in input-required (open: it can be got, cancelled,
                  subscribed to);
   "stream N"  -> N artifact updates, then completed;
+  "slow N"    -> the same, 0.3 s apart (a stream still live when a client resumes);
   other       -> completed at once.
 
 `client`: the SDK's own JSON-RPC transports (v1.0 and v0.3) through the gateway with a
@@ -50,10 +51,11 @@ def agent():
                 await updater.requires_input(
                     updater.new_agent_message([Part(text="what next?")])
                 )
-            elif text.startswith("stream"):
+            elif text.startswith(("stream", "slow")):
+                pause = 0.02 if text.startswith("stream") else 0.3
                 for i in range(int(text.split()[1])):
                     await updater.add_artifact([Part(text=f"part {i}")], name=f"a{i}")
-                    await asyncio.sleep(0.02)
+                    await asyncio.sleep(pause)
                 await updater.complete()
             else:
                 await updater.complete(updater.new_agent_message([Part(text="done")]))
@@ -65,6 +67,9 @@ def agent():
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
+    # Listening before the port is printed: a request sent at once waits in the backlog
+    # until the server takes it, rather than being refused.
+    sock.listen(128)
     url = f"http://127.0.0.1:{port}/"
     card = AgentCard(
         name="sdk agent",

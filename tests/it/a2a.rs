@@ -16,7 +16,7 @@ use crate::sdk::python_with;
 use crate::support::*;
 
 /// What the test installs: the SDK with its server's extras, and an ASGI server for it.
-const SDK: [&str; 2] = ["a2a-sdk[http-server]==1.3.0", "uvicorn==0.54.0"];
+pub(crate) const SDK: [&str; 2] = ["a2a-sdk[http-server]==1.3.0", "uvicorn==0.54.0"];
 
 /// The helper script, with the agent and the client.
 fn script() -> std::path::PathBuf {
@@ -24,9 +24,9 @@ fn script() -> std::path::PathBuf {
 }
 
 /// The SDK's agent, stopped on drop.
-struct Agent {
+pub(crate) struct Agent {
     child: Child,
-    port: u16,
+    pub(crate) port: u16,
 }
 
 impl Drop for Agent {
@@ -37,7 +37,7 @@ impl Drop for Agent {
 }
 
 /// Starts the agent and waits for the port it listens on (its first line).
-fn start_agent(python: &Path) -> Agent {
+pub(crate) fn start_agent(python: &Path) -> Agent {
     let mut child = Command::new(python)
         .arg(script())
         .arg("agent")

@@ -4,6 +4,7 @@
 mod a2a;
 mod a2a_card;
 mod a2a_push;
+mod a2a_resume;
 mod amp;
 mod audit;
 mod auth;
