@@ -22,7 +22,7 @@
 //! carries the gateway's usual fields as strings (`reason`, `detail`, `field`,
 //! `retryAfterMs`, ...). The SDKs read that metadata as the error's data.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use http::StatusCode;
 
 use super::{codes, ErrorStatus, GatewayError};
@@ -145,13 +145,7 @@ fn a2a_body(id: &RpcId, code: i32, metadata: &serde_json::Map<String, serde_json
         }],
     });
     let error = serde_json::to_vec(&error).unwrap_or_default();
-    let mut out = BytesMut::with_capacity(40 + id.as_bytes().len() + error.len());
-    out.put_slice(br#"{"jsonrpc":"2.0","id":"#);
-    out.put_slice(id.as_bytes());
-    out.put_slice(br#","error":"#);
-    out.put_slice(&error);
-    out.put_u8(b'}');
-    out.freeze()
+    crate::jsonrpc::reply::with_error(id, &error)
 }
 
 #[cfg(test)]

@@ -79,11 +79,17 @@ pub fn error_body(id: &RpcId, code: i32, message: &str, data: &ErrorData) -> Byt
         data,
     })
     .unwrap_or_else(|_| br#"{"code":-32603,"message":"Internal error"}"#.to_vec());
+    with_error(id, &error)
+}
+
+/// `{"jsonrpc":"2.0","id":<id>,"error":<error>}` around an error object already written
+/// (AIP's above, A2A's in `error::a2a`).
+pub(crate) fn with_error(id: &RpcId, error: &[u8]) -> Bytes {
     let mut out = BytesMut::with_capacity(40 + id.as_bytes().len() + error.len());
     out.put_slice(br#"{"jsonrpc":"2.0","id":"#);
     out.put_slice(id.as_bytes());
     out.put_slice(br#","error":"#);
-    out.put_slice(&error);
+    out.put_slice(error);
     out.put_u8(b'}');
     out.freeze()
 }
