@@ -684,6 +684,14 @@ failed, dropped) are printed at the end."""
         toml = (f'\n[tracing]\notlp_endpoint = "http://127.0.0.1:{port}"\nsample_ratio = 1.0\n'
                 f'queue_size = {queue}\n')
         proxies.append((label, str(RELEASE / "aipgw"), toml))
+    # Issue 34's figure: tracing at ratio 1.0 (every span exported, nothing dropped) and
+    # the audit log on together, against both off (`aipgw`).
+    key = d / "audit.key"
+    subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(key)], check=True)
+    proxies.append(("aipgw+otlp+audit", str(RELEASE / "aipgw"),
+                    f'\n[tracing]\notlp_endpoint = "http://127.0.0.1:{sink.port}"\nsample_ratio = 1.0\n'
+                    f'queue_size = {1 << 20}\n\n[audit]\nfile = "{d / "audit.log"}"\nkey = "{key}"\n'
+                    'aic = "10001000011K9DX1GW14X1VSP2QQNG44"\n'))
     return [sink]
 
 

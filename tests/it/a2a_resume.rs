@@ -17,14 +17,72 @@ async fn rest(s: &mut StreamReply) -> Vec<Event> {
     out
 }
 
-/// What an event says, for comparison: its kind and its artifact's name or its state.
+/// What an event says, for comparison in either generation's shape: its kind and its
+/// artifact's name or its state (`TASK_STATE_WORKING` and `working` alike).
 fn said(e: &Event) -> String {
     let r = &e.json["result"];
+    let state = |s: &serde_json::Value| {
+        let s = s["state"].as_str().unwrap();
+        s.trim_start_matches("TASK_STATE_").to_ascii_lowercase()
+    };
+    let name = |a: &serde_json::Value| a["artifact"]["name"].as_str().unwrap().to_owned();
     match r["kind"].as_str() {
-        Some("artifact-update") => format!("artifact {}", r["artifact"]["name"].as_str().unwrap()),
-        Some("status-update") => format!("status {}", r["status"]["state"].as_str().unwrap()),
-        Some("task") => format!("task {}", r["status"]["state"].as_str().unwrap()),
+        Some("artifact-update") => format!("artifact {}", name(r)),
+        Some("status-update") => format!("status {}", state(&r["status"])),
+        Some("task") => format!("task {}", state(&r["status"])),
+        _ if r.get("artifactUpdate").is_some() => {
+            format!("artifact {}", name(&r["artifactUpdate"]))
+        }
+        _ if r.get("statusUpdate").is_some() => {
+            format!("status {}", state(&r["statusUpdate"]["status"]))
+        }
+        _ if r.get("task").is_some() => format!("task {}", state(&r["task"]["status"])),
         _ => panic!("not an A2A event: {}", e.json),
+    }
+}
+
+/// A protocol generation's method names, message shape and `A2A-Version`.
+#[derive(Clone, Copy)]
+enum Gen {
+    V03,
+    V10,
+}
+
+impl Gen {
+    fn version(self) -> &'static str {
+        match self {
+            Gen::V03 => "0.3",
+            Gen::V10 => "1.0",
+        }
+    }
+
+    fn stream(self, text: &str) -> String {
+        match self {
+            Gen::V03 => format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"message/stream","params":{{"message":{{"kind":"message","messageId":"m-{text}","role":"user","parts":[{{"kind":"text","text":"{text}"}}]}}}}}}"#
+            ),
+            Gen::V10 => format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"SendStreamingMessage","params":{{"message":{{"messageId":"m1-{text}","role":"ROLE_USER","parts":[{{"text":"{text}"}}]}}}}}}"#
+            ),
+        }
+    }
+
+    fn resubscribe(self, task: &str) -> String {
+        let method = match self {
+            Gen::V03 => "tasks/resubscribe",
+            Gen::V10 => "SubscribeToTask",
+        };
+        format!(r#"{{"jsonrpc":"2.0","id":"r","method":"{method}","params":{{"id":"{task}"}}}}"#)
+    }
+
+    /// The `Task` an event carries (v0.3: the result itself, `kind` "task"; v1.0: the
+    /// result's `task`).
+    fn task(self, e: &Event) -> Option<&serde_json::Value> {
+        let r = &e.json["result"];
+        match self {
+            Gen::V03 => (r["kind"] == "task").then_some(r),
+            Gen::V10 => r.get("task"),
+        }
     }
 }
 
@@ -42,45 +100,51 @@ fn id_of(e: &Event) -> u64 {
 async fn drop_and_resume(
     owner: &Leader,
     addr: std::net::SocketAddr,
+    gen: Gen,
     text: &str,
 ) -> (String, Vec<u64>) {
-    let v03 = [("a2a-version", "0.3")];
-    let stream = format!(
-        r#"{{"jsonrpc":"2.0","id":1,"method":"message/stream","params":{{"message":{{"kind":"message","messageId":"m-{text}","role":"user","parts":[{{"kind":"text","text":"{text}"}}]}}}}}}"#
-    );
+    let version = [("a2a-version", gen.version())];
+    let stream = gen.stream(text);
 
     // The stream, dropped after its third event.
-    let mut first = owner.open_stream(addr, "/agents/sdk", &stream, &v03).await;
+    let mut first = owner
+        .open_stream(addr, "/agents/sdk", &stream, &version)
+        .await;
     assert_eq!(first.status, 200);
     let mut before = Vec::new();
     for _ in 0..3 {
         before.push(within(30, first.next_event()).await.expect("an event"));
     }
     first.disconnect();
-    let task = before[0].json["result"]["id"].as_str().unwrap().to_owned();
+    let opened = gen
+        .task(&before[0])
+        .expect("the stream opens with the Task");
+    let task = opened["id"].as_str().unwrap().to_owned();
     let ids: Vec<u64> = before.iter().map(id_of).collect();
     assert_eq!(ids, [ids[0], ids[0] + 1, ids[0] + 2], "numbered in order");
     let last = ids[2].to_string();
 
     // Resumed from the last id it got: the current Task (no id line), then the rest.
-    let resubscribe = format!(
-        r#"{{"jsonrpc":"2.0","id":"r","method":"tasks/resubscribe","params":{{"id":"{task}"}}}}"#
-    );
-    let headers = [("a2a-version", "0.3"), ("last-event-id", last.as_str())];
+    let resubscribe = gen.resubscribe(&task);
+    let headers = [
+        ("a2a-version", gen.version()),
+        ("last-event-id", last.as_str()),
+    ];
     let mut again = owner
         .open_stream(addr, "/agents/sdk", &resubscribe, &headers)
         .await;
     assert_eq!(again.status, 200);
     let after = rest(&mut again).await;
     let (current, after) = after.split_first().expect("the current Task");
-    assert_eq!(current.json["result"]["kind"], "task", "{}", current.json);
-    assert_eq!(current.json["result"]["id"], task.as_str());
+    let got = gen
+        .task(current)
+        .unwrap_or_else(|| panic!("a Task: {}", current.json));
+    assert_eq!(got["id"], task.as_str());
     assert_eq!(current.json["id"], "r", "the resubscription's JSON-RPC id");
     assert!(current.sse_id.is_none(), "the Task moves no resume point");
     // As of the resume point: working, the one artifact got before the drop; the
     // events after it bring the rest.
-    let got = &current.json["result"];
-    assert_eq!(got["status"]["state"], "working", "{got}");
+    assert_eq!(said(current), "task working", "{got}");
     let names: Vec<&str> = (got["artifacts"].as_array().unwrap().iter())
         .map(|a| a["name"].as_str().unwrap())
         .collect();
@@ -126,12 +190,14 @@ async fn an_a2a_stream_dropped_and_resumed_gets_every_event_once_in_order() {
     let owner = pki.leader(LEADER_B, false);
     // Resumed while the agent's stream goes on (the held events, then live ones), and
     // once it ended (served from a finished record).
-    drop_and_resume(&owner, gw.addr, "slow 6").await;
-    let (task, ids) = drop_and_resume(&owner, gw.addr, "stream 6").await;
+    drop_and_resume(&owner, gw.addr, Gen::V03, "slow 6").await;
+    // The same in v1.0's names and shapes (SendStreamingMessage, SubscribeToTask, the
+    // StreamResponse members): the Task the gateway folds is in v1.0's shape too.
+    drop_and_resume(&owner, gw.addr, Gen::V10, "slow 6").await;
+    let (v10_task, v10_ids) = drop_and_resume(&owner, gw.addr, Gen::V10, "stream 6").await;
+    let (task, ids) = drop_and_resume(&owner, gw.addr, Gen::V03, "stream 6").await;
     let last = ids[2].to_string();
-    let resubscribe = format!(
-        r#"{{"jsonrpc":"2.0","id":"r","method":"tasks/resubscribe","params":{{"id":"{task}"}}}}"#
-    );
+    let resubscribe = Gen::V03.resubscribe(&task);
 
     // An id of no record the gateway holds: forwarded, the agent's own semantics (the
     // SDK refuses a finished task: -32004), nothing served from the buffer.
@@ -152,6 +218,20 @@ async fn an_a2a_stream_dropped_and_resumed_gets_every_event_once_in_order() {
     let headers = [("a2a-version", "0.3"), ("last-event-id", last.as_str())];
     let r = other
         .post_with(gw.addr, "/agents/sdk", resubscribe.clone().into(), &headers)
+        .await
+        .unwrap();
+    assert_eq!(a2a_error(&r), (200, -32001, "task_not_found".into()));
+
+    // And in v1.0: SubscribeToTask with the owner's resume point, from another AIC.
+    let last = v10_ids[2].to_string();
+    let headers = [("a2a-version", "1.0"), ("last-event-id", last.as_str())];
+    let r = other
+        .post_with(
+            gw.addr,
+            "/agents/sdk",
+            Gen::V10.resubscribe(&v10_task).into(),
+            &headers,
+        )
         .await
         .unwrap();
     assert_eq!(a2a_error(&r), (200, -32001, "task_not_found".into()));
