@@ -103,8 +103,8 @@ impl AccessLog {
 impl AccessLog {
     /// Queues the request's spans (`crate::otel`) when the head sampled it or it ended in
     /// an error (`code`, a status of 500 or more, a stream or body that `failed`).
-    fn spans(
-        &self,
+    fn spans<'a>(
+        &'a self,
         tracer: &crate::otel::Tracer,
         id: &crate::jsonrpc::RpcId,
         (code, reason): (i32, &'static str),
@@ -123,8 +123,8 @@ impl AccessLog {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
         let end = nanos(now.unwrap_or_default());
         let max = tracer.max_attribute_bytes;
-        let text = |t: &Option<LogText>| t.as_ref().map(|t| crate::otel::cut(t.as_str(), max));
-        tracer.submit(crate::otel::Finished {
+        let text = |t: Option<&'a LogText>| t.map(|t| crate::otel::cut(t.as_str(), max));
+        tracer.record(&crate::otel::Finished {
             trace: ids.trace,
             parent: ids.parent,
             server: ids.server,
@@ -137,11 +137,11 @@ impl AccessLog {
             method: l.method,
             command: l.command.map(|c| c.name()),
             rpc_id: Some(crate::otel::Finished::id_text(id.as_bytes(), max)),
-            request_id: l.trace.as_ref().map(|t| t.request_id_value()),
-            aic: l.aic,
-            partner: l.partner.clone(),
-            task_id: text(&l.task_id),
-            session_id: text(&l.session_id),
+            request_id: l.trace.as_ref().map(|t| t.request_id()),
+            aic: l.aic.as_ref().map(|a| a.as_str()),
+            partner: l.partner.as_deref(),
+            task_id: text(l.task_id.as_ref()),
+            session_id: text(l.session_id.as_ref()),
             peer: self.peer.ip(),
             status: self.status,
             code,

@@ -150,11 +150,6 @@ impl TraceContext {
         tp.get(self.trace_at..self.trace_at + 32).unwrap_or("")
     }
 
-    /// The request id's header value.
-    pub(crate) fn request_id_value(&self) -> HeaderValue {
-        self.request_id.clone()
-    }
-
     /// The request id: the client's `x-request-id` when sane, otherwise made here.
     pub(crate) fn request_id(&self) -> &str {
         self.request_id.to_str().unwrap_or("")

@@ -2,16 +2,18 @@
 //! `ResourceSpans` -> `ScopeSpans` -> `Span`, with `prost::encoding`'s key and varint
 //! helpers, straight from the [`Finished`] records.
 //!
-//! Why by hand: a measured hot path. At `sample_ratio = 1.0` the exporter's thread shares
-//! the gateway's core, and building the `opentelemetry-proto` structs first (an owned
+//! Why by hand: a measured hot path. At `sample_ratio = 1.0` every request's spans are
+//! written here, on the request's own worker (`Tracer::record`), while what they say is
+//! still in the cache. Building the `opentelemetry-proto` structs first (an owned
 //! `String` per attribute key and value, a `Vec` per id, about 60 allocations per request)
 //! then encoding them cost 0.85x-0.86x of the export-off keep-alive figure
 //! (benches/README.md, "Tracing export"). Here a span is written into a scratch buffer,
-//! then appended with its length prefix to the batch's span bytes; both buffers live as
-//! long as the exporter, so a batch allocates only its request body. The field numbers are
-//! those of opentelemetry-proto's `trace.proto`, `common.proto` and `trace_service.proto`;
-//! a differential test (below) checks that the bytes decode to exactly the struct-built
-//! request for records with every field set and unset.
+//! then appended with its length prefix to the batch's span bytes, which start with room
+//! for the request's head: [`Encoder::finish`] writes the head into that room and hands
+//! the very buffer over as the request body, without copying the spans again. The field
+//! numbers are those of opentelemetry-proto's `trace.proto`, `common.proto` and
+//! `trace_service.proto`; a differential test (below) checks that the bytes decode to
+//! exactly the struct-built request for records with every field set and unset.
 
 use std::io::Write as _;
 
@@ -25,7 +27,8 @@ const KIND_CLIENT: u64 = 3;
 /// `Status.code`: `STATUS_CODE_ERROR`.
 const STATUS_ERROR: u64 = 2;
 
-/// The reused buffers and the constant head of every export request.
+/// A batch being written: the constant head of every export request, the scratch span
+/// and the batch's span bytes.
 pub(super) struct Encoder {
     /// `ResourceSpans.resource` as a whole field (key, length, message).
     resource: Vec<u8>,
@@ -33,10 +36,15 @@ pub(super) struct Encoder {
     scope: Vec<u8>,
     /// One span being written.
     scratch: Vec<u8>,
-    /// The batch's spans, each as a `ScopeSpans.spans` field.
+    /// [`Encoder::room`] bytes for the head, then the batch's spans, each as a
+    /// `ScopeSpans.spans` field; empty (no allocation) until the batch's first span.
     spans: Vec<u8>,
+    /// The capacity of the next batch's buffer (the last batch's size).
+    next_capacity: usize,
     /// Spans in `spans`.
     count: u64,
+    /// Requests whose spans are in `spans`.
+    requests: usize,
 }
 
 impl Encoder {
@@ -52,15 +60,29 @@ impl Encoder {
         Encoder {
             resource: r,
             scope: s,
-            scratch: Vec::with_capacity(1024),
+            scratch: Vec::new(),
             spans: Vec::new(),
+            next_capacity: 0,
             count: 0,
+            requests: 0,
         }
+    }
+
+    /// The most the head can take: a gRPC frame head, and two fields' keys and lengths
+    /// (a length at most 10 bytes) with the resource and scope.
+    fn room(&self) -> usize {
+        5 + 2 * (1 + 10) + self.resource.len() + self.scope.len()
     }
 
     /// Adds a finished request's spans (the client span first, as the struct-built
     /// request had them).
-    pub(super) fn push(&mut self, f: &Finished) {
+    pub(super) fn push(&mut self, f: &Finished<'_>) {
+        if self.spans.is_empty() {
+            let room = self.room();
+            self.spans.reserve(room.max(self.next_capacity));
+            self.spans.resize(room, 0);
+        }
+        self.requests += 1;
         let status = f.error.then_some(f.reason);
         let name = f.method.unwrap_or("aip.request");
         if let Some((id, start)) = f.client {
@@ -87,13 +109,13 @@ impl Encoder {
             "client.address",
             std::str::from_utf8(&peer[..n]).unwrap_or(""),
         );
-        if let Some(aic) = &f.aic {
-            kv_str(s, "aip.caller.aic", aic.as_str());
+        if let Some(aic) = f.aic {
+            kv_str(s, "aip.caller.aic", aic);
         }
-        if let Some(id) = f.session_id.as_deref() {
+        if let Some(id) = f.session_id {
             kv_str(s, "aip.session_id", id);
         }
-        if let Some(r) = f.request_id.as_ref().and_then(|r| r.to_str().ok()) {
+        if let Some(r) = f.request_id {
             kv_str(s, "aip.request_id", r);
         }
         kv_int(s, "http.response.status_code", i64::from(f.status));
@@ -106,28 +128,42 @@ impl Encoder {
         self.count
     }
 
-    /// The request's bytes (after a gRPC frame head if `grpc`); the encoder is empty
-    /// again after.
+    /// Requests whose spans were added since the last [`Encoder::finish`].
+    pub(super) fn requests(&self) -> usize {
+        self.requests
+    }
+
+    /// The request's bytes (after a gRPC frame head if `grpc`): the head written into the
+    /// room before the spans, the buffer itself handed over (the next batch gets a new
+    /// one, of this one's size, at its first span). The encoder is empty again after.
     pub(super) fn finish(&mut self, grpc: bool) -> anyhow::Result<bytes::Bytes> {
-        let scope_spans = self.scope.len() + self.spans.len();
+        let room = self.room();
+        let mut buf = std::mem::take(&mut self.spans);
+        if buf.is_empty() {
+            buf.resize(room, 0);
+        }
+        self.next_capacity = buf.len();
+        self.count = 0;
+        self.requests = 0;
+        let spans = buf.len() - room;
+        let scope_spans = self.scope.len() + spans;
         let resource_spans =
             self.resource.len() + 1 + encoded_len_varint(scope_spans as u64) + scope_spans;
         let request = 1 + encoded_len_varint(resource_spans as u64) + resource_spans;
-        let mut out = Vec::with_capacity(5 + request);
+        let mut head = Vec::with_capacity(room);
         if grpc {
-            out.push(0);
+            head.push(0);
             let len =
                 u32::try_from(request).map_err(|_| anyhow::anyhow!("export request too large"))?;
-            out.extend_from_slice(&len.to_be_bytes());
+            head.extend_from_slice(&len.to_be_bytes());
         }
-        field_len(&mut out, 1, resource_spans);
-        out.extend_from_slice(&self.resource);
-        field_len(&mut out, 2, scope_spans);
-        out.extend_from_slice(&self.scope);
-        out.extend_from_slice(&self.spans);
-        self.spans.clear();
-        self.count = 0;
-        Ok(bytes::Bytes::from(out))
+        field_len(&mut head, 1, resource_spans);
+        head.extend_from_slice(&self.resource);
+        field_len(&mut head, 2, scope_spans);
+        head.extend_from_slice(&self.scope);
+        let start = room - head.len();
+        buf[start..room].copy_from_slice(&head);
+        Ok(bytes::Bytes::from(buf).slice(start..))
     }
 
     /// The scratch span, appended to the batch as a `ScopeSpans.spans` field.
@@ -194,26 +230,26 @@ fn span_tail(s: &mut Vec<u8>, error: Option<&str>, sampled: bool) {
 }
 
 /// The attributes both spans carry (the order of the struct-built spans).
-fn common(s: &mut Vec<u8>, f: &Finished) {
+fn common(s: &mut Vec<u8>, f: &Finished<'_>) {
     kv_str(s, "rpc.system", "jsonrpc");
     kv_str(s, "rpc.jsonrpc.version", "2.0");
     if let Some(m) = f.method {
         kv_str(s, "rpc.method", m);
     }
-    if let Some(id) = f.rpc_id.as_deref() {
+    if let Some(id) = f.rpc_id {
         kv_str(s, "rpc.jsonrpc.request_id", id);
     }
     if f.code != 0 {
         kv_int(s, "rpc.jsonrpc.error_code", i64::from(f.code));
         kv_str(s, "rpc.jsonrpc.error_message", f.reason);
     }
-    if let Some(p) = f.partner.as_deref() {
+    if let Some(p) = f.partner {
         kv_str(s, "aip.partner", p);
     }
     if let Some(c) = f.command {
         kv_str(s, "aip.command", c);
     }
-    if let Some(t) = f.task_id.as_deref() {
+    if let Some(t) = f.task_id {
         kv_str(s, "aip.task_id", t);
     }
     if let Some(e) = f.stream {

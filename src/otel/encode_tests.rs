@@ -2,7 +2,6 @@
 //! `opentelemetry-proto`'s prost structs (the exporter's code before `encode`).
 
 use std::net::IpAddr;
-use std::sync::Arc;
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans};
@@ -11,14 +10,13 @@ use prost::Message;
 use super::super::export::resource_and_scope;
 use super::super::StreamEnd;
 use super::*;
-use crate::identity::Aic;
 
 /// The request as the exporter built it before: structs, then prost.
-fn struct_built(service: &str, batch: Vec<Finished>) -> ExportTraceServiceRequest {
+fn struct_built(service: &str, batch: &[Finished<'_>]) -> ExportTraceServiceRequest {
     let (resource, scope) = resource_and_scope(service);
     let mut spans = Vec::new();
     for f in batch {
-        f.into_spans(&mut spans);
+        f.struct_spans(&mut spans);
     }
     ExportTraceServiceRequest {
         resource_spans: vec![ResourceSpans {
@@ -47,10 +45,16 @@ fn strings() -> Vec<String> {
     ]
 }
 
+/// Request ids of every length up to 300.
+const REQUEST_IDS: &str = concat!(
+    "rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr",
+    "rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr",
+    "rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrr",
+);
+
 /// Record `i` of a set where each optional field is set or unset by its own bit of `i`,
 /// with strings, codes, addresses and times varied.
-fn finished(i: usize) -> Finished {
-    let s = strings();
+fn finished(s: &[String], i: usize) -> Finished<'_> {
     let pick = |k: usize| s[(i / 2 + k) % s.len()].as_str();
     let bit = |b: usize| i & (1 << b) != 0;
     let peers: [IpAddr; 3] = [
@@ -77,12 +81,12 @@ fn finished(i: usize) -> Finished {
         end: times[(i + 2) % times.len()],
         method: bit(3).then_some("tasks/send"),
         command: bit(4).then_some("start"),
-        rpc_id: bit(5).then(|| pick(0).into()),
-        request_id: bit(6).then(|| http::HeaderValue::from_str(&"r".repeat(i % 300)).unwrap()),
-        aic: bit(7).then(|| Aic::parse("10001000011K912345E789ABCDEF2353").unwrap()),
-        partner: bit(8).then(|| Arc::from(pick(1))),
-        task_id: bit(9).then(|| pick(2).into()),
-        session_id: bit(10).then(|| pick(3).into()),
+        rpc_id: bit(5).then(|| pick(0)),
+        request_id: bit(6).then(|| &REQUEST_IDS[..i % 300]),
+        aic: bit(7).then_some("10001000011K912345E789ABCDEF2353"),
+        partner: bit(8).then(|| pick(1)),
+        task_id: bit(9).then(|| pick(2)),
+        session_id: bit(10).then(|| pick(3)),
         peer: peers[i % peers.len()],
         status: [200u16, 502, 0, u16::MAX][i % 4],
         code: codes[i % codes.len()],
@@ -99,21 +103,23 @@ fn finished(i: usize) -> Finished {
 fn hand_encoded_bytes_decode_to_the_struct_built_request() {
     let (resource, scope) = resource_and_scope("aipgw-test");
     let mut enc = Encoder::new(&resource, &scope);
+    let s = strings();
     // Every combination of the 13 bits, in batches of varied size, the encoder reused.
     let all = 1 << 13;
     let mut i = 0;
     let mut batches = 0;
     while i < all {
         let size = [1, 7, 64, 513][batches % 4].min(all - i);
-        let batch: Vec<Finished> = (i..i + size).map(finished).collect();
+        let batch: Vec<Finished> = (i..i + size).map(|i| finished(&s, i)).collect();
         for f in &batch {
             enc.push(f);
         }
         let spans = batch.iter().map(Finished::span_count).sum::<u64>();
         assert_eq!(enc.count(), spans);
+        assert_eq!(enc.requests(), size);
         let bytes = enc.finish(false).unwrap();
         let decoded = ExportTraceServiceRequest::decode(&bytes[..]).unwrap();
-        assert_eq!(decoded, struct_built("aipgw-test", batch), "batch at {i}");
+        assert_eq!(decoded, struct_built("aipgw-test", &batch), "batch at {i}");
         i += size;
         batches += 1;
     }
@@ -124,7 +130,8 @@ fn hand_encoded_bytes_decode_to_the_struct_built_request() {
 fn the_grpc_body_is_one_uncompressed_frame() {
     let (resource, scope) = resource_and_scope("svc");
     let mut enc = Encoder::new(&resource, &scope);
-    let batch: Vec<Finished> = (0..3).map(|i| finished(i * 1_000 + 5)).collect();
+    let s = strings();
+    let batch: Vec<Finished> = (0..3).map(|i| finished(&s, i * 1_000 + 5)).collect();
     for f in &batch {
         enc.push(f);
     }
@@ -133,11 +140,18 @@ fn the_grpc_body_is_one_uncompressed_frame() {
     let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
     assert_eq!(len, body.len() - 5);
     let decoded = ExportTraceServiceRequest::decode(&body[5..]).unwrap();
-    assert_eq!(decoded, struct_built("svc", batch));
+    assert_eq!(decoded, struct_built("svc", &batch));
     // An empty batch is still a well-formed request.
     let empty = enc.finish(false).unwrap();
     assert_eq!(
         ExportTraceServiceRequest::decode(&empty[..]).unwrap(),
-        struct_built("svc", Vec::new())
+        struct_built("svc", &[])
+    );
+    // The next batch, in a buffer of its own, is whole too.
+    enc.push(&batch[0]);
+    let again = enc.finish(true).unwrap();
+    assert_eq!(
+        ExportTraceServiceRequest::decode(&again[5..]).unwrap(),
+        struct_built("svc", &batch[..1])
     );
 }

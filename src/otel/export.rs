@@ -1,12 +1,12 @@
-//! The exporter: a thread of its own with a single-threaded runtime, taking finished
-//! requests' records from the bounded queue in batches (`tracing.batch_size`, at least
-//! every `tracing.export_interval`, at once when a batch is full), turning them into
-//! one OTLP `ExportTraceServiceRequest` and sending it, one request at a time, within
-//! `tracing.timeout`. A failed batch is counted and dropped, not retried: the queue,
-//! not a retry buffer, is the bound on what waits. It stops when the queue's sender (the
-//! gateway's `Tracer`) is gone, after sending what was left.
+//! The exporter: a thread of its own with a single-threaded runtime, taking full batches
+//! (export requests the workers wrote, `Tracer::record`) from the bounded queue as they
+//! come and the workers' partial batches every `tracing.export_interval`, and sending
+//! them, one request at a time, within `tracing.timeout`. A failed batch is counted and
+//! dropped, not retried: the queue, not a retry buffer, is the bound on what waits. It
+//! stops when the queue's sender (the gateway's `Tracer`, which queues its partial
+//! batches as it goes) is gone, after sending what was left.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,40 +21,24 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
 use opentelemetry_proto::tonic::resource::v1::Resource;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::mpsc;
 
-use super::encode::Encoder;
-use super::{ExporterState, Finished, SpanCounts, TracingSettings};
+use super::{Batch, Shared, TracingSettings};
 use crate::config::raw::OtlpProtocol;
 
 /// The largest answer body read from a collector (its partial-success message).
 const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
-/// The exporter's ends of what it shares with the `Tracer`.
-pub(super) struct Channel {
-    /// The queue.
-    pub(super) rx: mpsc::Receiver<Finished>,
-    /// Records in the queue.
-    pub(super) queued: Arc<AtomicUsize>,
-    /// Told when a batch is full, or to flush.
-    pub(super) wake: Arc<Notify>,
-    /// Busy or idle, for a flush.
-    pub(super) state: Arc<ExporterState>,
-}
-
 /// See the module documentation.
 pub(super) struct Exporter {
-    ch: Channel,
-    counts: SpanCounts,
+    rx: mpsc::Receiver<Batch>,
+    shared: Arc<Shared>,
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     url: http::Uri,
     protocol: OtlpProtocol,
     headers: HeaderMap,
     timeout: Duration,
     interval: Duration,
-    batch_size: usize,
-    /// Writes the export requests' bytes (its buffers reused across batches).
-    encoder: Encoder,
     /// The last export failed (the next failure is logged at debug level only).
     failing: bool,
 }
@@ -63,8 +47,8 @@ impl Exporter {
     /// The exporter for `settings` (its TLS files read now: an error fails the load).
     pub(super) fn new(
         settings: &TracingSettings,
-        ch: Channel,
-        counts: SpanCounts,
+        rx: mpsc::Receiver<Batch>,
+        shared: Arc<Shared>,
     ) -> anyhow::Result<Exporter> {
         let mut headers = settings.headers.clone();
         let content_type = match settings.protocol {
@@ -75,18 +59,15 @@ impl Exporter {
             OtlpProtocol::HttpProtobuf => "application/x-protobuf",
         };
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-        let (resource, scope) = resource_and_scope(&settings.service_name);
         Ok(Exporter {
-            ch,
-            counts,
+            rx,
+            shared,
             client: client(settings).context("tracing")?,
             url: settings.url.clone(),
             protocol: settings.protocol,
             headers,
             timeout: settings.timeout,
             interval: settings.export_interval,
-            batch_size: settings.batch_size,
-            encoder: Encoder::new(&resource, &scope),
             failing: false,
         })
     }
@@ -105,65 +86,46 @@ impl Exporter {
     }
 
     async fn run(mut self) {
-        let mut batch = Vec::with_capacity(self.batch_size);
+        let mut tick =
+            tokio::time::interval_at(tokio::time::Instant::now() + self.interval, self.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            // Busy before the queue count drops, so a flush never sees both at rest early.
-            self.ch.state.busy.store(true, Ordering::SeqCst);
-            let closed = self.take(&mut batch);
-            let full = batch.len() == self.batch_size;
-            if !batch.is_empty() {
-                self.send(&mut batch).await;
-            }
-            self.ch.state.busy.store(false, Ordering::SeqCst);
-            if closed {
-                self.ch.state.idle.notify_waiters();
-                return;
-            }
-            if !full {
-                self.ch.state.idle.notify_waiters();
-                tokio::select! {
-                    () = self.ch.wake.notified() => {}
-                    () = tokio::time::sleep(self.interval) => {}
+            self.shared.busy.store(false, Ordering::SeqCst);
+            self.shared.idle.notify_waiters();
+            tokio::select! {
+                batch = self.rx.recv() => {
+                    let Some(batch) = batch else {
+                        return;
+                    };
+                    // Busy before the pending count drops, so a flush never sees both
+                    // at rest early.
+                    self.shared.busy.store(true, Ordering::SeqCst);
+                    self.shared.pending.fetch_sub(1, Ordering::SeqCst);
+                    self.send(batch).await;
+                }
+                _ = tick.tick() => {
+                    self.shared.busy.store(true, Ordering::SeqCst);
+                    for batch in self.shared.partials() {
+                        self.send(batch).await;
+                    }
                 }
             }
         }
     }
 
-    /// Fills `batch` from the queue; true when the queue is closed and empty.
-    fn take(&mut self, batch: &mut Vec<Finished>) -> bool {
-        while batch.len() < self.batch_size {
-            match self.ch.rx.try_recv() {
-                Ok(f) => {
-                    self.ch.queued.fetch_sub(1, Ordering::SeqCst);
-                    batch.push(f);
-                }
-                Err(mpsc::error::TryRecvError::Empty) => return false,
-                Err(mpsc::error::TryRecvError::Disconnected) => return true,
-            }
-        }
-        false
-    }
-
-    /// One export request for `batch` (emptied, its room kept for the next), counted.
-    async fn send(&mut self, batch: &mut Vec<Finished>) {
-        for f in batch.drain(..) {
-            self.encoder.push(&f);
-        }
-        let n = self.encoder.count();
-        let body = self.encoder.finish(self.protocol == OtlpProtocol::Grpc);
-        let result = match body {
-            Ok(body) => tokio::time::timeout(self.timeout, self.post(body))
-                .await
-                .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within tracing.timeout"))),
-            Err(e) => Err(e),
-        };
+    /// One export request, its spans counted.
+    async fn send(&mut self, batch: Batch) {
+        let n = batch.spans;
+        let result = tokio::time::timeout(self.timeout, self.post(batch.body))
+            .await
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within tracing.timeout")));
         match result {
             Ok(()) => {
-                self.counts.exported.inc_by(n);
+                self.shared.counts.exported.inc_by(n);
                 self.failing = false;
             }
             Err(e) => {
-                self.counts.failed.inc_by(n);
+                self.shared.counts.failed.inc_by(n);
                 if self.failing {
                     tracing::debug!(spans = n, error = %format!("{e:#}"), "OTLP export failed");
                 } else {

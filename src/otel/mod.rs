@@ -11,13 +11,20 @@
 //! channel belongs to the runtime it was made on, while a request lives on one of the
 //! per-core single-threaded workers). Here the request path does three things: the head
 //! decision on the trace id (`Tracer::head`, in `TraceStep`), two span ids made with the
-//! trace ids, and at the end one `try_send` of a small record of plain fields
-//! ([`Finished`]) into a bounded queue: never a wait, a lock or an allocation of its own
-//! beyond the attribute copies of a sampled request. The exporter (`export`) runs on a
-//! thread of its own, writes the records as the official OTLP messages' protobuf bytes
-//! (`encode`, by hand; `opentelemetry-proto`'s prost types check it in tests) and sends them with hyper's client, gRPC or
-//! HTTP/protobuf, so a slow or dead collector meets only that thread: the queue fills,
-//! and what does not fit is dropped and counted.
+//! trace ids, and at the end [`Tracer::record`]: the request's spans written as OTLP
+//! protobuf bytes (`encode`, by hand; `opentelemetry-proto`'s prost types check it in
+//! tests) straight into the batch of its worker's shard, from the fields of its log,
+//! borrowed ([`Finished`]): no allocation, no copy of its own, one uncontended lock. A
+//! full batch (`tracing.batch_size` requests) is handed to the exporter's bounded queue
+//! (`tracing.queue_size` requests, in whole batches) without waiting; when the queue is
+//! full the batch is dropped and its spans counted. The exporter runs on a thread of its
+//! own and sends each batch with hyper's client, gRPC or HTTP/protobuf, and the partial
+//! batches every `tracing.export_interval`, so a slow or dead collector meets only that
+//! thread.
+//!
+//! Measured (benches/README.md, "Tracing export"): the records first queued as owned
+//! fields and encoded on the exporter's thread cost more (their strings copied, freed on
+//! another thread, read again cold there) than writing the bytes here.
 //!
 //! ## Sampling
 //! Head: a client `traceparent` decides by its sampled flag; without one, the trace id
@@ -34,12 +41,14 @@ mod settings;
 mod span;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use bytes::Bytes;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, Notify};
 
+use encode::Encoder;
 pub use settings::TracingSettings;
 pub(crate) use span::{cut, Finished, SpanIds, StreamEnd};
 
@@ -75,24 +84,72 @@ impl SpanCounts {
     }
 }
 
-/// What [`Tracer::flush`] reads of the exporter.
-#[derive(Default)]
-pub(crate) struct ExporterState {
-    /// Taking or sending a batch.
-    busy: AtomicBool,
-    /// Told each time the exporter is about to wait (the queue was empty).
-    idle: Notify,
+/// One export request's body and the spans in it.
+pub(super) struct Batch {
+    body: Bytes,
+    spans: u64,
 }
 
-/// The request path's side of the exporter: the head decision and the queue.
-pub(crate) struct Tracer {
-    queue: mpsc::Sender<Finished>,
-    /// Records in the queue; the exporter is woken when a batch is full.
-    queued: Arc<AtomicUsize>,
-    wake: Arc<Notify>,
-    /// The exporter's state, for [`Tracer::flush`].
-    exporter: Arc<ExporterState>,
+/// What the workers and the exporter share: the batches being written, one per shard
+/// (a worker thread writes to its own, see [`shard_index`]), and the exporter's state.
+pub(super) struct Shared {
+    shards: Box<[Mutex<Encoder>]>,
+    /// gRPC framing of the bodies.
+    grpc: bool,
+    /// Full batches queued and not yet taken by the exporter.
+    pending: AtomicUsize,
+    /// The exporter is taking or sending a batch.
+    busy: AtomicBool,
+    /// Told each time the exporter is about to wait.
+    idle: Notify,
     counts: SpanCounts,
+}
+
+impl Shared {
+    /// Every shard's batch that holds a span, finished (the exporter's interval, a flush).
+    fn partials(&self) -> Vec<Batch> {
+        self.shards
+            .iter()
+            .filter_map(|shard| self.finish(&mut lock(shard)))
+            .collect()
+    }
+
+    /// The shard's batch as an export request, if it holds a span.
+    fn finish(&self, e: &mut Encoder) -> Option<Batch> {
+        let spans = e.count();
+        if spans == 0 {
+            return None;
+        }
+        match e.finish(self.grpc) {
+            Ok(body) => Some(Batch { body, spans }),
+            Err(error) => {
+                tracing::warn!(%error, spans, "OTLP export request not made");
+                self.counts.failed.inc_by(spans);
+                None
+            }
+        }
+    }
+}
+
+/// A shard's lock (a panic while writing a batch leaves it usable: the batch is bytes).
+fn lock(shard: &Mutex<Encoder>) -> MutexGuard<'_, Encoder> {
+    shard.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The calling thread's shard index (threads numbered as they first record; the
+/// workers are long-lived, so each keeps its own shard while there are enough).
+fn shard_index() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    INDEX.with(|i| *i)
+}
+
+/// The request path's side of the exporter: the head decision, the shards and the queue.
+pub(crate) struct Tracer {
+    queue: mpsc::Sender<Batch>,
+    shared: Arc<Shared>,
     /// Head sampling: trace ids whose low 63 bits are below this are sampled.
     threshold: u64,
     batch_size: usize,
@@ -111,24 +168,26 @@ impl std::fmt::Debug for Tracer {
 
 impl Tracer {
     /// Builds the export client (reading its TLS files) and starts the exporter's thread.
+    /// One shard per core the process may use (the workers' threads), at most 64.
     pub(crate) fn start(settings: &TracingSettings, counts: SpanCounts) -> anyhow::Result<Tracer> {
-        let (queue, rx) = mpsc::channel(settings.queue_size);
-        let queued = Arc::new(AtomicUsize::new(0));
-        let wake = Arc::new(Notify::new());
-        let state = Arc::new(ExporterState::default());
-        let channel = export::Channel {
-            rx,
-            queued: queued.clone(),
-            wake: wake.clone(),
-            state: state.clone(),
-        };
-        export::Exporter::new(settings, channel, counts.clone())?.spawn()?;
+        // The queue holds whole batches: queue_size requests, at least one batch.
+        let (queue, rx) = mpsc::channel((settings.queue_size / settings.batch_size).max(1));
+        let (resource, scope) = export::resource_and_scope(&settings.service_name);
+        let shards = std::thread::available_parallelism().map_or(1, |n| n.get().min(64));
+        let shared = Arc::new(Shared {
+            shards: (0..shards)
+                .map(|_| Mutex::new(Encoder::new(&resource, &scope)))
+                .collect(),
+            grpc: settings.protocol == crate::config::raw::OtlpProtocol::Grpc,
+            pending: AtomicUsize::new(0),
+            busy: AtomicBool::new(false),
+            idle: Notify::new(),
+            counts,
+        });
+        export::Exporter::new(settings, rx, shared.clone())?.spawn()?;
         Ok(Tracer {
             queue,
-            queued,
-            wake,
-            exporter: state,
-            counts,
+            shared,
             threshold: threshold(settings.sample_ratio),
             batch_size: settings.batch_size,
             max_attribute_bytes: settings.max_attribute_bytes,
@@ -146,37 +205,51 @@ impl Tracer {
         parent_sampled.unwrap_or_else(|| by_ratio(trace_id, self.threshold))
     }
 
-    /// Queues a finished request's spans, or drops and counts them when the queue is
-    /// full (or the exporter is gone). Never waits.
-    pub(crate) fn submit(&self, finished: Finished) {
-        let spans = finished.span_count();
-        match self.queue.try_send(finished) {
-            Ok(()) => {
-                if self.queued.fetch_add(1, Ordering::Relaxed) + 1 == self.batch_size {
-                    self.wake.notify_one();
-                }
+    /// Writes a finished request's spans into its worker's batch; a full batch goes to
+    /// the queue, or is dropped and counted when the queue is full (or the exporter is
+    /// gone). Never waits (the shard's lock is its own worker's, but for the exporter's
+    /// taking of a partial batch).
+    pub(crate) fn record(&self, finished: &Finished<'_>) {
+        let shard = &self.shared.shards[shard_index() % self.shared.shards.len()];
+        let full = {
+            let mut e = lock(shard);
+            e.push(finished);
+            if e.requests() < self.batch_size {
+                return;
             }
-            Err(_) => {
-                self.counts.dropped.inc_by(spans);
-            }
+            self.shared.finish(&mut e)
+        };
+        if let Some(batch) = full {
+            self.enqueue(batch);
+        }
+    }
+
+    /// Queues `batch` for the exporter, or drops and counts it.
+    fn enqueue(&self, batch: Batch) {
+        self.shared.pending.fetch_add(1, Ordering::SeqCst);
+        if let Err(e) = self.queue.try_send(batch) {
+            self.shared.pending.fetch_sub(1, Ordering::SeqCst);
+            self.shared.counts.dropped.inc_by(e.into_inner().spans);
         }
     }
 }
 
 impl Tracer {
-    /// Sends what the queue holds now, waiting at most `tracing.timeout` (at shutdown,
-    /// after the drain: the last requests' spans are not lost).
+    /// Sends what the shards and the queue hold now, waiting at most `tracing.timeout`
+    /// (at shutdown, after the drain: the last requests' spans are not lost).
     pub(crate) async fn flush(&self) {
+        for batch in self.shared.partials() {
+            self.enqueue(batch);
+        }
         let sent = async {
             loop {
-                let idle = self.exporter.idle.notified();
+                let idle = self.shared.idle.notified();
                 tokio::pin!(idle);
                 idle.as_mut().enable();
-                let busy = self.exporter.busy.load(Ordering::SeqCst);
-                if !busy && self.queued.load(Ordering::SeqCst) == 0 {
+                let busy = self.shared.busy.load(Ordering::SeqCst);
+                if !busy && self.shared.pending.load(Ordering::SeqCst) == 0 {
                     return;
                 }
-                self.wake.notify_one();
                 idle.await;
             }
         };
@@ -192,9 +265,12 @@ impl Tracer {
 }
 
 impl Drop for Tracer {
-    /// The queue closes with the sender; the exporter sends what is left and stops.
+    /// The partial batches are queued; the queue closes with the sender, and the
+    /// exporter sends what is left and stops.
     fn drop(&mut self) {
-        self.wake.notify_one();
+        for batch in self.shared.partials() {
+            self.enqueue(batch);
+        }
     }
 }
 

@@ -9,14 +9,11 @@
 //! `aip.request_id` (the `x-request-id`), `aip.stream.events`, `aip.stream.outcome`.
 
 use std::net::IpAddr;
-use std::sync::Arc;
 
 #[cfg(test)]
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
 #[cfg(test)]
 use opentelemetry_proto::tonic::trace::v1::{span::SpanKind, status::StatusCode, Span, Status};
-
-use crate::identity::Aic;
 
 /// A request's span ids, made when it arrives (`TraceStep`) and carried with its trace
 /// context.
@@ -43,10 +40,12 @@ pub(crate) struct StreamEnd {
     pub(crate) outcome: &'static str,
 }
 
-/// A finished request's spans as the request path queues them: plain fields, strings
-/// copied (and cut to `tracing.max_attribute_bytes`) so the queue holds no request body.
+/// A finished request's spans as the request path hands them to the tracer: plain
+/// fields borrowed from the request's log (strings cut to `tracing.max_attribute_bytes`),
+/// written at once into the export request's bytes (`encode`): nothing is copied or
+/// allocated for a span on its own.
 #[derive(Debug)]
-pub(crate) struct Finished {
+pub(crate) struct Finished<'a> {
     pub(crate) trace: [u8; 16],
     pub(crate) parent: Option<[u8; 8]>,
     pub(crate) server: [u8; 8],
@@ -59,12 +58,12 @@ pub(crate) struct Finished {
     pub(crate) method: Option<&'static str>,
     pub(crate) command: Option<&'static str>,
     /// The JSON-RPC id as text (a string's contents, a number's digits, `""` for null).
-    pub(crate) rpc_id: Option<Box<str>>,
-    pub(crate) request_id: Option<http::HeaderValue>,
-    pub(crate) aic: Option<Aic>,
-    pub(crate) partner: Option<Arc<str>>,
-    pub(crate) task_id: Option<Box<str>>,
-    pub(crate) session_id: Option<Box<str>>,
+    pub(crate) rpc_id: Option<&'a str>,
+    pub(crate) request_id: Option<&'a str>,
+    pub(crate) aic: Option<&'a str>,
+    pub(crate) partner: Option<&'a str>,
+    pub(crate) task_id: Option<&'a str>,
+    pub(crate) session_id: Option<&'a str>,
     pub(crate) peer: IpAddr,
     pub(crate) status: u16,
     /// The gateway's JSON-RPC error code (`0`: none) and its reason.
@@ -75,14 +74,15 @@ pub(crate) struct Finished {
     pub(crate) error: bool,
 }
 
-impl Finished {
+impl Finished<'_> {
     /// 2 with a client span, else 1.
+    #[cfg(test)]
     pub(crate) fn span_count(&self) -> u64 {
         1 + u64::from(self.client.is_some())
     }
 
     /// The JSON-RPC id's text from its JSON (`"a"` -> `a`, `null` -> ``), cut to `max`.
-    pub(crate) fn id_text(json: &[u8], max: usize) -> Box<str> {
+    pub(crate) fn id_text(json: &[u8], max: usize) -> &str {
         let text = std::str::from_utf8(json).unwrap_or("");
         let text = match text {
             "null" => "",
@@ -96,7 +96,7 @@ impl Finished {
     /// then the server span. Only the differential test of `encode` uses it (the exporter
     /// writes the bytes by hand, see there).
     #[cfg(test)]
-    pub(crate) fn into_spans(self, out: &mut Vec<Span>) {
+    pub(crate) fn struct_spans(&self, out: &mut Vec<Span>) {
         let status = self.error.then(|| Status {
             code: StatusCode::Error as i32,
             message: self.reason.to_owned(),
@@ -106,13 +106,13 @@ impl Finished {
         let mut server = Vec::with_capacity(16);
         self.common(&mut server);
         kv_str(&mut server, "client.address", &self.peer.to_string());
-        if let Some(aic) = &self.aic {
-            kv_str(&mut server, "aip.caller.aic", aic.as_str());
+        if let Some(aic) = self.aic {
+            kv_str(&mut server, "aip.caller.aic", aic);
         }
-        if let Some(s) = self.session_id.as_deref() {
+        if let Some(s) = self.session_id {
             kv_str(&mut server, "aip.session_id", s);
         }
-        if let Some(r) = self.request_id.as_ref().and_then(|r| r.to_str().ok()) {
+        if let Some(r) = self.request_id {
             kv_str(&mut server, "aip.request_id", r);
         }
         kv_int(
@@ -160,20 +160,20 @@ impl Finished {
         if let Some(m) = self.method {
             kv_str(a, "rpc.method", m);
         }
-        if let Some(id) = self.rpc_id.as_deref() {
+        if let Some(id) = self.rpc_id {
             kv_str(a, "rpc.jsonrpc.request_id", id);
         }
         if self.code != 0 {
             kv_int(a, "rpc.jsonrpc.error_code", i64::from(self.code));
             kv_str(a, "rpc.jsonrpc.error_message", self.reason);
         }
-        if let Some(p) = self.partner.as_deref() {
+        if let Some(p) = self.partner {
             kv_str(a, "aip.partner", p);
         }
         if let Some(c) = self.command {
             kv_str(a, "aip.command", c);
         }
-        if let Some(t) = self.task_id.as_deref() {
+        if let Some(t) = self.task_id {
             kv_str(a, "aip.task_id", t);
         }
         if let Some(s) = self.stream {
@@ -188,12 +188,12 @@ impl Finished {
 }
 
 /// `text` cut to at most `max` bytes, at a character boundary.
-pub(crate) fn cut(text: &str, max: usize) -> Box<str> {
+pub(crate) fn cut(text: &str, max: usize) -> &str {
     let mut end = text.len().min(max);
     while !text.is_char_boundary(end) {
         end -= 1;
     }
-    text[..end].into()
+    &text[..end]
 }
 
 #[cfg(test)]
@@ -221,11 +221,11 @@ mod tests {
 
     #[test]
     fn ids_and_cuts() {
-        assert_eq!(&*Finished::id_text(br#""abc""#, 10), "abc");
-        assert_eq!(&*Finished::id_text(b"42", 10), "42");
-        assert_eq!(&*Finished::id_text(b"null", 10), "");
-        assert_eq!(&*Finished::id_text(br#""abcdef""#, 3), "abc");
+        assert_eq!(Finished::id_text(br#""abc""#, 10), "abc");
+        assert_eq!(Finished::id_text(b"42", 10), "42");
+        assert_eq!(Finished::id_text(b"null", 10), "");
+        assert_eq!(Finished::id_text(br#""abcdef""#, 3), "abc");
         // Never inside a character.
-        assert_eq!(&*cut("aé", 2), "a");
+        assert_eq!(cut("aé", 2), "a");
     }
 }

@@ -489,15 +489,16 @@ async fn ten_requests(endpoint: &str, extra: &str) -> TestGateway {
 #[tokio::test]
 async fn a_collector_that_never_answers_fills_the_queue_to_its_bound_and_the_rest_is_dropped() {
     let (addr, _collector) = silent_collector().await;
-    // One batch of two requests is taken and waits on the silent collector (30 s bound);
-    // four more fill the queue; the last four requests' spans (two each) are dropped.
+    // Batches of one request (none left partial in a worker's batch): the first is taken
+    // and waits on the silent collector (30 s bound); two more fill the queue; the last
+    // seven requests' spans (two each) are dropped.
     let gw = ten_requests(
         &format!("http://{addr}"),
-        "queue_size = 4\nbatch_size = 2\nexport_interval = \"1h\"\ntimeout = \"30s\"",
+        "queue_size = 2\nbatch_size = 1\nexport_interval = \"1h\"\ntimeout = \"30s\"",
     )
     .await;
-    let (exported, failed, dropped) = until_counts(&gw, |(_, _, d)| d >= 8.0).await;
-    assert_eq!((exported, failed, dropped), (0.0, 0.0, 8.0));
+    let (exported, failed, dropped) = until_counts(&gw, |(_, _, d)| d >= 14.0).await;
+    assert_eq!((exported, failed, dropped), (0.0, 0.0, 14.0));
 }
 
 #[tokio::test]
