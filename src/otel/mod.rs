@@ -178,7 +178,7 @@ impl Tracer {
             shards: (0..shards)
                 .map(|_| Mutex::new(Encoder::new(&resource, &scope)))
                 .collect(),
-            grpc: settings.protocol == crate::config::raw::OtlpProtocol::Grpc,
+            grpc: settings.grpc(),
             pending: AtomicUsize::new(0),
             busy: AtomicBool::new(false),
             idle: Notify::new(),

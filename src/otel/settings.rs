@@ -44,6 +44,11 @@ pub struct TracingSettings {
 }
 
 impl TracingSettings {
+    /// Whether export requests are gRPC (framed), not HTTP/protobuf.
+    pub(crate) fn grpc(&self) -> bool {
+        self.protocol == OtlpProtocol::Grpc
+    }
+
     /// `None` when `otlp_endpoint` is not set (export off).
     pub(crate) fn from_raw(r: &RawTracing) -> anyhow::Result<Option<TracingSettings>> {
         let Some(endpoint) = r.otlp_endpoint.as_deref() else {
