@@ -5,9 +5,17 @@
 //! becomes `FILE.1` (`FILE.1` becomes `FILE.2`, and so on; past `audit.max_files` the
 //! oldest is removed) and a new `FILE` starts; its first record carries the hash of the
 //! last line of `FILE.1`, so `aipgw audit verify FILE.2 FILE.1 FILE` checks one chain.
+//!
+//! One writer per chain: the writer holds an exclusive lock (`flock`) on `FILE.lock`, a
+//! file that is never rotated, from before it reads where the chain stands until the
+//! process ends. Another process on the same file (the new one of a take-over, while the
+//! old one drains; or a second instance pointed at it by mistake) waits for the lock
+//! before it reads the chain, so the chain never forks: its start record follows the
+//! other's stop record.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use super::record::{Chain, SEQ};
@@ -20,6 +28,8 @@ const TAIL: u64 = 1 << 20;
 pub(crate) struct ChainFile {
     path: PathBuf,
     file: File,
+    /// `FILE.lock`, locked while this is open.
+    _lock: File,
     size: u64,
     max_bytes: u64,
     max_files: usize,
@@ -28,15 +38,30 @@ pub(crate) struct ChainFile {
 }
 
 impl ChainFile {
-    /// Opens (or creates) `path` for appending and reads where its chain stands (from
-    /// `FILE.1` if `FILE` is empty: a rotation just happened).
-    pub(crate) fn open(path: &Path, max_bytes: u64, max_files: usize) -> anyhow::Result<ChainFile> {
-        let mut file = OpenOptions::new()
+    /// Takes the lock on `path` (`FILE.lock`) if no other process holds it, then opens
+    /// (or creates) `path` for appending and reads where its chain stands (from
+    /// `FILE.1` if `FILE` is empty: a rotation just happened). `None`: the lock is held.
+    pub(crate) fn try_open(
+        path: &Path,
+        max_bytes: u64,
+        max_files: usize,
+    ) -> anyhow::Result<Option<ChainFile>> {
+        let lock_path = lock_path(path);
+        let lock = OpenOptions::new()
             .create(true)
-            .append(true)
-            .read(true)
-            .open(path)
-            .map_err(|e| anyhow::anyhow!("audit.file {}: {e}", path.display()))?;
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| anyhow::anyhow!("audit.file {}: {e}", lock_path.display()))?;
+        match rustix::fs::flock(
+            lock.as_fd(),
+            rustix::fs::FlockOperation::NonBlockingLockExclusive,
+        ) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => return Ok(None),
+            Err(e) => anyhow::bail!("audit.file {}: lock: {e}", lock_path.display()),
+        }
+        let mut file = open_append(path)?;
         let mut chain = last_record(&mut file)?;
         if chain.is_none() {
             if let Ok(mut older) = File::open(rotated(path, 1)) {
@@ -47,6 +72,7 @@ impl ChainFile {
         let mut this = ChainFile {
             path: path.to_path_buf(),
             file,
+            _lock: lock,
             size,
             max_bytes,
             max_files,
@@ -58,7 +84,7 @@ impl ChainFile {
             this.file.write_all(b"\n")?;
             this.size += 1;
         }
-        Ok(this)
+        Ok(Some(this))
     }
 
     /// Whether `line` and its newline fit in the current file (else
@@ -101,6 +127,23 @@ impl ChainFile {
     pub(crate) fn flush(&mut self) -> std::io::Result<()> {
         self.file.flush()
     }
+}
+
+/// Opens (or creates) `path` for appending (and reading its tail).
+pub(crate) fn open_append(path: &Path) -> anyhow::Result<File> {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .read(true)
+        .open(path)
+        .map_err(|e| anyhow::anyhow!("audit.file {}: {e}", path.display()))
+}
+
+/// `FILE.lock`.
+fn lock_path(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(".lock");
+    PathBuf::from(s)
 }
 
 /// `FILE.n`.

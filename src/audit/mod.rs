@@ -127,7 +127,19 @@ impl Audit {
         };
         let signer = key::Signer::load(&s.key, s.kid.as_deref())
             .with_context(|| format!("audit.key {}", s.key.display()))?;
-        let file = file::ChainFile::open(&s.file, s.max_file_bytes, s.max_files)?;
+        let file = match file::ChainFile::try_open(&s.file, s.max_file_bytes, s.max_files)? {
+            Some(f) => writer::Opening::Held(f),
+            None => {
+                // Held by another process: opened now only to find a path or permission
+                // error at load; the writer waits for the lock (file.rs).
+                file::open_append(&s.file)?;
+                tracing::info!(
+                    file = %s.file.display(),
+                    "audit: the file is held by another process (a take-over's old one?); records queue until it lets go"
+                );
+                writer::Opening::Wait
+            }
+        };
         let (tx, rx) = mpsc::channel(s.queue);
         let shared = Arc::new(Shared {
             settings: s.clone(),

@@ -7,6 +7,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -17,6 +18,9 @@ use super::{Audit, Shared};
 
 /// Events taken off the queue per batch, at most.
 const BATCH: usize = 256;
+
+/// How often a writer waiting for the file tries its lock again.
+const LOCK_POLL: Duration = Duration::from_millis(50);
 
 /// What the queue carries.
 pub(crate) enum Msg {
@@ -30,8 +34,16 @@ pub(crate) enum Msg {
 pub(crate) struct Start {
     pub(crate) shared: Arc<Shared>,
     pub(crate) rx: mpsc::Receiver<Msg>,
-    pub(crate) file: ChainFile,
+    pub(crate) file: Opening,
     pub(crate) signer: Signer,
+}
+
+/// The audit file as the writer gets it.
+pub(crate) enum Opening {
+    /// Locked and open, the chain read.
+    Held(ChainFile),
+    /// Held by another process: the writer waits for it (`file.rs`).
+    Wait,
 }
 
 /// One step of a batch.
@@ -93,6 +105,14 @@ pub(crate) async fn run(start: Start) {
         file,
         signer,
     } = start;
+    let mut early = Vec::new();
+    let file = match file {
+        Opening::Held(f) => f,
+        Opening::Wait => match wait_for_file(&shared, &mut rx, &mut early).await {
+            Some(f) => f,
+            None => return,
+        },
+    };
     let mut steps = Vec::new();
     // Started with a key other than the last record's (changed while stopped): said
     // first, signed by the new key, the old one not being this process's.
@@ -103,6 +123,12 @@ pub(crate) async fn run(start: Start) {
         }));
     }
     steps.push(Step::Write(Event::Start));
+    // What came while waiting for the file, then what did not fit.
+    steps.extend(early.into_iter().map(Step::Write));
+    let lost = shared.lost.swap(0, Ordering::Relaxed);
+    if lost > 0 {
+        steps.push(Step::Write(Event::Gap { lost }));
+    }
     let mut w = Writing {
         file,
         signer,
@@ -162,6 +188,65 @@ pub(crate) async fn run(start: Start) {
             return;
         }
     }
+}
+
+/// Waits until no other process holds the file, then opens it (its chain read then);
+/// meanwhile the queue's events are kept in `early` (up to `audit.queue`; more are lost
+/// and counted, a gap record once written). `None`: stopped first (the records kept are
+/// not written: said in the log and counted as write errors), or the file failed.
+async fn wait_for_file(
+    shared: &Arc<Shared>,
+    rx: &mut mpsc::Receiver<Msg>,
+    early: &mut Vec<Event>,
+) -> Option<ChainFile> {
+    let s = &shared.settings;
+    let waiting = &shared.metrics.audit.waiting;
+    waiting.set(1);
+    let mut poll = tokio::time::interval(LOCK_POLL);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let opened = loop {
+        tokio::select! {
+            _ = poll.tick() => {
+                let (path, bytes, files) = (s.file.clone(), s.max_file_bytes, s.max_files);
+                let tried = tokio::task::spawn_blocking(move || {
+                    ChainFile::try_open(&path, bytes, files)
+                })
+                .await;
+                match tried {
+                    Ok(Ok(Some(f))) => break Some(f),
+                    Ok(Ok(None)) => {}
+                    Ok(Err(e)) => {
+                        tracing::error!(error = %format!("{e:#}"), "audit: the file could not be opened: no audit records");
+                        break None;
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "audit: the file could not be opened: no audit records");
+                        break None;
+                    }
+                }
+            }
+            m = rx.recv() => match m {
+                Some(Msg::Event(e)) if early.len() < s.queue => early.push(e),
+                Some(Msg::Event(_)) => {
+                    shared.lost.fetch_add(1, Ordering::Relaxed);
+                    shared.metrics.audit.dropped.inc();
+                }
+                Some(Msg::Stop(ack)) => {
+                    tracing::error!(
+                        file = %s.file.display(),
+                        records = early.len(),
+                        "audit: stopped while another process held the file: these records were not written"
+                    );
+                    shared.metrics.audit.write_errors.inc_by(early.len() as u64);
+                    let _ = ack.send(());
+                    break None;
+                }
+                None => break None,
+            },
+        }
+    };
+    waiting.set(0);
+    opened
 }
 
 /// Applies a batch on the blocking pool; `None` if that failed (the writer ends).

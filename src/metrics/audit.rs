@@ -1,9 +1,10 @@
 //! The audit log's series (`crate::audit`).
 
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-/// Records written, lost to a full queue, and failed writes.
+/// Records written, lost to a full queue, failed writes, and a wait for the file.
 #[derive(Default)]
 pub(crate) struct AuditSeries {
     /// Records appended to the audit file.
@@ -12,6 +13,8 @@ pub(crate) struct AuditSeries {
     pub(crate) dropped: Counter,
     /// Records or flushes the file refused (disk full, permissions).
     pub(crate) write_errors: Counter,
+    /// 1 while the audit file is held by another process (see `audit::file`).
+    pub(crate) waiting: Gauge,
 }
 
 impl AuditSeries {
@@ -31,6 +34,11 @@ impl AuditSeries {
             "audit_write_errors",
             "Audit records or flushes the audit file refused",
             self.write_errors.clone(),
+        );
+        r.register(
+            "audit_waiting",
+            "1 while the audit file is held by another process (a take-over's old one): records queue until it lets go",
+            self.waiting.clone(),
         );
     }
 }

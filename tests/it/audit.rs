@@ -434,3 +434,62 @@ async fn a_verdict_turned_over_on_an_open_connection_is_recorded() {
     assert_eq!(turned["result"]["reason"], "revoked");
     assert!(check(&[&file], &[&public]).problem.is_none());
 }
+
+/// Two processes on one audit file (a take-over's new one while the old one drains, or a
+/// second instance pointed at it): the second waits for the first to let go of the file
+/// before it reads where the chain stands, its records queued meanwhile, so the file
+/// holds one chain: the first's records and stop, then the second's start and records.
+/// Before, both appended from the same chain state: two records of each sequence number
+/// from then on, and `verify` found the chain forked.
+#[tokio::test]
+async fn a_second_process_on_the_same_audit_file_waits_for_it_and_the_chain_stays_one() {
+    let pki = Pki::new();
+    let partner = TestPartner::start(Behaviour::Echo).await;
+    let (key, public) = keypair(pki.dir.path(), "audit");
+    let file = pki.dir.path().join("audit.log");
+    let cfg = config(&pki, &partner.url(), &audit_section(&file, &key, ""));
+    let blocked = pki.leader(LEADER_B, false);
+    let refuse = |addr| {
+        let blocked = &blocked;
+        async move {
+            let r = blocked
+                .post(addr, "/open/rpc", &rpc_start("1", LEADER_B, "t1"))
+                .await
+                .unwrap();
+            assert_eq!(r.error(), (-32010, "blocked".into()));
+        }
+    };
+
+    let mut first = start_gateway(&cfg).await;
+    refuse(first.addr).await;
+    metric(&first, "aipgw_audit_records_total", 2.0).await;
+    let mut second = start_gateway(&cfg).await;
+    metric(&second, "aipgw_audit_waiting", 1.0).await;
+    // Both refuse while the first holds the file; the second's record waits.
+    refuse(second.addr).await;
+    refuse(first.addr).await;
+    metric(&first, "aipgw_audit_records_total", 3.0).await;
+    first.shutdown().await.unwrap().unwrap();
+    // The first let go: the second takes the file, writes its start and what waited.
+    metric(&second, "aipgw_audit_waiting", 0.0).await;
+    metric(&second, "aipgw_audit_records_total", 2.0).await;
+    second.shutdown().await.unwrap().unwrap();
+
+    let recs = records(&file);
+    let actions: Vec<&str> = recs.iter().map(action).collect();
+    assert_eq!(
+        actions,
+        [
+            "gateway.start",
+            "identity.blocklist",
+            "identity.blocklist",
+            "gateway.stop",
+            "gateway.start",
+            "identity.blocklist",
+            "gateway.stop"
+        ]
+    );
+    let report = check(&[&file], &[&public]);
+    assert!(report.problem.is_none(), "{:?}", report.problem);
+    assert_eq!(report.records, 7);
+}
