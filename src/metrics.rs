@@ -176,6 +176,9 @@ pub struct Metrics {
     pub open_connections: Gauge,
     /// Open client connections by worker thread (per-core workers only).
     pub(crate) worker_connections: Family<WorkerLabels, Gauge>,
+    /// Idle HTTP/1.1 client connections holding no HTTP buffers
+    /// (`listener.idle_release_after`).
+    pub(crate) released_connections: Gauge,
     /// TLS handshakes that failed or timed out.
     pub handshake_failures: Family<ReasonLabels, Counter>,
     /// TLS handshakes completed, by kind (`full`, `resumed`).
@@ -284,6 +287,11 @@ fn register_connections(r: &mut Registry, m: &Metrics) {
         "upstream_idle_connections",
         "Idle HTTP/1.1 connections to each Partner kept for the next request (all workers)",
         m.upstream_idle.clone(),
+    );
+    r.register(
+        "released_connections",
+        "Idle HTTP/1.1 client connections that let go of their HTTP buffers (listener.idle_release_after) until their next bytes arrive",
+        m.released_connections.clone(),
     );
     r.register(
         "worker_connections",
@@ -473,6 +481,7 @@ impl Metrics {
             upstream_seconds: Family::new_with_constructor(latency),
             open_connections: Gauge::default(),
             worker_connections: Family::default(),
+            released_connections: Gauge::default(),
             handshake_failures: Family::default(),
             handshakes: Family::default(),
             handshake_groups: tls::GroupTally::default(),

@@ -100,7 +100,11 @@ pub(crate) struct SseTail {
 pub(crate) struct Relayed<B, G = ()> {
     body: Option<B>,
     idle: Duration,
-    timer: Pin<Box<Sleep>>,
+    /// The end of the current pause's bound; the timer is made only when a pause
+    /// begins (a body whose frames are there when asked, such as a whole `rpc` answer,
+    /// never needs one), then moved.
+    deadline: Instant,
+    timer: Option<Pin<Box<Sleep>>>,
     sse: Option<(SseTail, EventCounter)>,
     held: Option<G>,
 }
@@ -111,7 +115,8 @@ impl<B, G> Relayed<B, G> {
         Relayed {
             body: Some(body),
             idle,
-            timer: Box::pin(tokio::time::sleep(idle)),
+            deadline: Instant::now() + idle,
+            timer: None,
             sse: sse.map(|t| (t, EventCounter::default())),
             held: Some(held),
         }
@@ -167,8 +172,7 @@ where
         };
         match Pin::new(body).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                let deadline = Instant::now() + this.idle;
-                this.timer.as_mut().reset(deadline);
+                this.deadline = Instant::now() + this.idle;
                 if let (Some((tail, counter)), Some(data)) = (&mut this.sse, frame.data_ref()) {
                     let n = counter.feed(data);
                     if n > 0 {
@@ -193,7 +197,14 @@ where
                 Poll::Ready(None)
             }
             Poll::Pending => {
-                ready!(this.timer.as_mut().poll(cx));
+                let deadline = this.deadline;
+                let timer = this
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                if timer.deadline() != deadline {
+                    timer.as_mut().reset(deadline);
+                }
+                ready!(timer.as_mut().poll(cx));
                 this.fail(RelayError::IdleTimeout)
             }
         }

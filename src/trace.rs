@@ -82,34 +82,44 @@ impl TraceContext {
             let trace = parse_traceparent(text)?;
             Some((v.clone(), trace.as_ptr() as usize - text.as_ptr() as usize))
         });
-        let (traceparent, trace_at, made) = match client {
-            Some((v, at)) => (v, at, false),
-            None => {
-                let mut tp = *b"00-________________________________-________________-01";
-                random_hex_into::<16>(&mut tp[3..35]);
-                random_hex_into::<8>(&mut tp[36..52]);
-                (
-                    HeaderValue::from_bytes(&tp).expect("hex is a header value"),
-                    3,
-                    true,
-                )
-            }
-        };
-        let request_id = match headers.get(&names::X_REQUEST_ID).filter(|v| {
+        let client_id = headers.get(&names::X_REQUEST_ID).filter(|v| {
             let b = v.as_bytes();
             !b.is_empty() && b.len() <= 128 && b.iter().all(u8::is_ascii_graphic)
-        }) {
-            Some(r) => r.clone(),
-            None => {
-                let mut id = [0u8; 16];
-                random_hex_into::<8>(&mut id);
-                HeaderValue::from_bytes(&id).expect("hex is a header value")
-            }
-        };
+        });
+        // The ids made here share one buffer whose bytes are shared from the start: their
+        // clones (the request's log, its panic answer, the Partner's headers) count
+        // references, where each value copied out of a `Vec` allocated at its first clone.
+        const TP_EMPTY: &[u8; 55] = b"00-________________________________-________________-01";
+        let room =
+            usize::from(client.is_none()) * TP_EMPTY.len() + usize::from(client_id.is_none()) * 16;
+        let mut made = bytes::BytesMut::with_capacity(room);
+        if client.is_none() {
+            let mut tp = *TP_EMPTY;
+            random_hex_into::<16>(&mut tp[3..35]);
+            random_hex_into::<8>(&mut tp[36..52]);
+            made.extend_from_slice(&tp);
+        }
+        let tp_len = made.len();
+        if client_id.is_none() {
+            let mut id = [0u8; 16];
+            random_hex_into::<8>(&mut id);
+            made.extend_from_slice(&id);
+        }
+        let mut made = made.split_to(made.len()).freeze();
+        let (traceparent, trace_at) = client.unwrap_or_else(|| {
+            let tp = made.split_to(tp_len);
+            (
+                HeaderValue::from_maybe_shared(tp).expect("hex is a header value"),
+                3,
+            )
+        });
+        let request_id = client_id.cloned().unwrap_or_else(|| {
+            HeaderValue::from_maybe_shared(made).expect("hex is a header value")
+        });
         TraceContext {
             traceparent,
             trace_at,
-            made,
+            made: tp_len > 0,
             request_id,
             spans: None,
         }

@@ -30,6 +30,12 @@ target), every prefix `/aip/pNNNNN`, the load sent to the last;
 --access 10,1000,100000: the target Partner's `[partner.access]` with N allow prefixes
 (the Leader's agent serial last) and N deny prefixes that do not match.
 
+--idle N (issue 33): memory per held idle keep-alive mTLS connection, for every proxy:
+N HTTP/1.1 connections opened, one `rpc` answered on each, all held idle; the proxy's
+RSS before and --idle-settle seconds after (past the gateway's
+`listener.idle_release_after`), per held connection, a fresh proxy per round
+(`benches/load/idle.py`).
+
 --proxy-protocol (issue 37): each gateway binary behind the same L4 front, HAProxy in TCP
 mode pinned to the load generator's core (oha cannot send a PROXY header), in two arms
 side by side: the front forwarding plain TCP, and the front with `send-proxy-v2` and the
@@ -572,6 +578,23 @@ def run_mode(mode, proxies, d, backend, args):
     return rows
 
 
+def run_idle(proxies, d, backend, args):
+    """--idle: each proxy started alone per round, N connections held, its RSS per held
+    connection."""
+    import idle
+
+    results = {name: [] for name, _, _ in proxies}
+    for r in range(args.rounds):
+        order = proxies[r % len(proxies):] + proxies[: r % len(proxies)]
+        for name, binary, extra in order:
+            p = start_proxy(name, binary, d, backend, True, extra)
+            try:
+                results[name].append(idle.hold(p, d, args.idle, args.idle_settle, RPC_BODY))
+            finally:
+                p.stop()
+    idle.report(results, args.idle)
+
+
 def median(rows, key):
     return statistics.median(r[key] for r in rows)
 
@@ -721,10 +744,13 @@ def main():
     ap.add_argument("--otlp", action="store_true", help="beside aipgw, the same binary exporting every span (OTLP/gRPC, "
                     "ratio 1.0) to a live receiver (examples/otlp_sink) and to a dead one")
     ap.add_argument("--access", type=sizes, default=[], help="fleet mode: N allow + N deny prefixes in the target's [partner.access] (e.g. 10,1000,100000)")
+    ap.add_argument("--idle", type=int, default=0, help="N held idle keep-alive mTLS connections per proxy: "
+                    "RSS per held connection (after one request each)")
+    ap.add_argument("--idle-settle", type=float, default=3.0, help="seconds the connections are held idle before the RSS is read (--idle)")
     args = ap.parse_args()
     modes = [m for m in ("http1", "http2", "handshake", "resume", "sse") if getattr(args, m)]
     fleets = [(k, getattr(args, k)) for k in ("routes", "access") if getattr(args, k)]
-    modes = modes or ([] if fleets or args.proxy_protocol else ["http1", "http2"])
+    modes = modes or ([] if fleets or args.proxy_protocol or args.idle else ["http1", "http2"])
     ensure_tools(args.install)
     if not args.no_build:
         subprocess.run(
@@ -759,6 +785,8 @@ def main():
         try:
             for mode in modes:
                 report(mode, run_mode(mode, proxies, d, backend.port, args), args.events)
+            if args.idle:
+                run_idle(proxies, d, backend.port, args)
             for kind, ns in fleets:
                 gateways = [(f"{label} {kind}", b, e) for label, b, e in proxies
                             if b is not None and not isinstance(e, Fleet)]

@@ -147,6 +147,9 @@ pub struct ListenerConfig {
     /// At a drain, how long an idle HTTP/1.1 connection stays open for a request on its
     /// way.
     pub drain_idle_grace: Duration,
+    /// An idle HTTP/1.1 connection lets go of its HTTP buffers after this long (`0`:
+    /// never); see [`raw::RawListener::idle_release_after`].
+    pub idle_release_after: Duration,
     /// The HTTP status of the gateway's JSON-RPC errors: `mapped` or `ok` (200).
     pub error_status: raw::ErrorStatus,
     /// TLS sessions remembered for resumption (TLS 1.3 tickets naming a server-side

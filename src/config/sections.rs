@@ -82,6 +82,7 @@ impl TryFrom<raw::RawListener> for ListenerConfig {
             unverified_idle_timeout: l.unverified_idle_timeout,
             drain_timeout: l.drain_timeout,
             drain_idle_grace: l.drain_idle_grace,
+            idle_release_after: l.idle_release_after,
             error_status: l.error_status,
             tls_session_cache: l.tls_session_cache,
             verdict_cache: l.verdict_cache,

@@ -114,13 +114,12 @@ fn prepare(x: &mut Exchange<Bytes>, facts: Permitted) -> Result<Prepared, Gatewa
         permit: in_flight,
     } = facts;
     let partner = &route.partner;
-    let (work, path) = match &call {
-        Call::Aip(call) => (aip_work(x, call), partner.path_for(call.method)),
+    let (work, target) = match &call {
+        Call::Aip(call) => (aip_work(x, call), partner.target_for(call.method)),
         // An A2A agent has one JSON-RPC endpoint: its upstream URL itself.
-        Call::A2a(call) => (a2a_work(x, call, &caller, partner), ""),
+        Call::A2a(call) => (a2a_work(x, call, &caller, partner), partner.pool.target("")),
     };
     let headers = x.partner_headers(&caller);
-    let target = partner.pool.target(path);
     let upstream = upstream_request(std::mem::take(&mut x.body), target, headers);
     Ok(Prepared {
         caller,

@@ -73,19 +73,18 @@ mod quota;
 mod read_body;
 mod respond;
 mod route;
+mod sensitive;
 pub(crate) mod streams;
 mod strict;
 mod trace;
 
 use std::convert::Infallible;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
 use bytes::Bytes;
-use http::header::{self, HeaderName};
 use http::{Request, Response};
 use hyper::body::Incoming;
 use tower::{Service, ServiceBuilder};
-use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
 
 use ask::AskLayer;
 use catch_panic::CatchPanicLayer;
@@ -130,19 +129,6 @@ impl<T> RequestPath for T where
 {
 }
 
-/// The request headers marked sensitive: they are passed on, but never printed in a
-/// debug log and never entered in an HTTP/2 Partner connection's HPACK table.
-fn sensitive() -> Arc<[HeaderName]> {
-    static NAMES: LazyLock<Arc<[HeaderName]>> = LazyLock::new(|| {
-        Arc::from([
-            header::AUTHORIZATION,
-            header::PROXY_AUTHORIZATION,
-            header::COOKIE,
-        ])
-    });
-    NAMES.clone()
-}
-
 /// The gateway's request path for one connection to `gateway`, ending in the Partner
 /// call.
 pub fn stack(gateway: Arc<Gateway>, conn: Arc<ConnInfo>) -> impl RequestPath {
@@ -171,7 +157,7 @@ where
     S::Future: Send + 'static,
 {
     ServiceBuilder::new()
-        .layer(SetSensitiveRequestHeadersLayer::from_shared(sensitive()))
+        .layer(sensitive::SensitiveLayer)
         .layer(RespondLayer::new(gateway, conn))
         .layer(CheckLayer::<trace::TraceStep>::new())
         .layer(CheckLayer::<authenticate::AuthenticateStep>::new())

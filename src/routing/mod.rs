@@ -36,6 +36,11 @@ impl Partner {
     pub fn path_for(&self, method: Method) -> &str {
         &self.config.paths[method.index()]
     }
+
+    /// The next upstream URL for a method (see [`UpstreamPool::target_for`]).
+    pub(crate) fn target_for(&self, method: Method) -> http::Uri {
+        self.pool.target_for(&self.config.paths[method.index()])
+    }
 }
 
 /// The result of a lookup.

@@ -3,6 +3,7 @@
 //! connection-level protocol error is counted as.
 
 use super::idle::{Activity, ActivityGuard, Asked};
+use super::park::{Parkable, Parking};
 use super::*;
 use crate::identity::Aic;
 
@@ -59,8 +60,8 @@ pub(super) async fn serve_connection(
     // the Partner call.
     let stack = layers::stack(gateway, conn.clone());
     let svc = requests(stack, &activity, conn, verified, h2);
-    let io = TokioIo::new(tls);
     let (why, ended) = if h2 {
+        let io = TokioIo::new(tls);
         let mut b = http2::Builder::new(TokioExecutor::new());
         b.timer(TokioTimer::new())
             .max_concurrent_streams(l.http2_max_concurrent_streams)
@@ -68,11 +69,15 @@ pub(super) async fn serve_connection(
             .keep_alive_timeout(l.http2_keepalive_timeout);
         drive(b.serve_connection(io, svc), &activity, bounds, drain).await
     } else {
-        let mut b = http1::Builder::new();
-        b.timer(HeadTimer::new())
-            .header_read_timeout(l.header_read_timeout)
-            .keep_alive(true);
-        drive(b.serve_connection(io, svc), &activity, bounds, drain).await
+        let io = Parkable::new(
+            tls,
+            activity.clone(),
+            l.idle_release_after,
+            l.header_read_timeout,
+        );
+        let released = metrics.released_connections.clone();
+        let conn = Parking::new(http1_builder(&l), io, svc, released);
+        drive(conn, &activity, bounds, drain).await
     };
     // Counted here, not on the request path: hyper may end an HTTP/1.1 connection with
     // `Connection: close` before `drive` sees the ask.
@@ -84,6 +89,16 @@ pub(super) async fn serve_connection(
     if let Err(e) = ended {
         ended_with_error(&metrics, peer, aic.as_ref(), &e);
     }
+}
+
+/// hyper's HTTP/1.1 connections for one client connection (a new one after each release,
+/// `park`): the header-read bound on one kept timer, keep-alive.
+fn http1_builder(l: &ConnSettings) -> http1::Builder {
+    let mut b = http1::Builder::new();
+    b.timer(HeadTimer::new())
+        .header_read_timeout(l.header_read_timeout)
+        .keep_alive(true);
+    b
 }
 
 /// Counts the connection open (its worker's count, then the total) until the guard goes
@@ -296,6 +311,7 @@ pub(super) struct ConnSettings {
     unverified_idle_timeout: Duration,
     drain_idle_grace: Duration,
     header_read_timeout: Duration,
+    idle_release_after: Duration,
     http2_max_concurrent_streams: u32,
     http2_keepalive_timeout: Duration,
 }
@@ -307,6 +323,7 @@ impl ConnSettings {
             unverified_idle_timeout: l.unverified_idle_timeout,
             drain_idle_grace: l.drain_idle_grace,
             header_read_timeout: l.header_read_timeout,
+            idle_release_after: l.idle_release_after,
             http2_max_concurrent_streams: l.http2_max_concurrent_streams,
             http2_keepalive_timeout: l.http2_keepalive_timeout,
         }

@@ -50,6 +50,7 @@ mod connection;
 #[cfg(unix)]
 pub mod handover;
 mod idle;
+mod park;
 mod proxy;
 mod sources;
 

@@ -8,6 +8,7 @@
 //! by [`crate::answer`] first. Failures are classified here into unavailable (502), TLS
 //! (502), timeout (504), protocol (502) or, by `answer`, bad response (502).
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -152,11 +153,34 @@ impl UpstreamPool {
 
     /// The next upstream URL (round robin) joined with a method path.
     pub fn target(&self, path: &str) -> Uri {
+        self.joined(path, None)
+    }
+
+    /// [`Self::target`] for a method path of the config: a default path (`'static`)
+    /// on an upstream URL without a path of its own is used as it is, with no
+    /// allocation; otherwise the joined path is made once (one allocation, kept as the
+    /// URI's bytes, not copied again by a parse).
+    #[expect(
+        clippy::ptr_arg,
+        reason = "the Cow tells a 'static default path from a configured one"
+    )]
+    pub(crate) fn target_for(&self, path: &Cow<'static, str>) -> Uri {
+        match path {
+            Cow::Borrowed(p) => self.joined(p, Some(p)),
+            Cow::Owned(p) => self.joined(p, None),
+        }
+    }
+
+    fn joined(&self, path: &str, fixed: Option<&'static str>) -> Uri {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.targets.len();
         let base = &self.targets[i].0;
         let base_path = base.path().trim_end_matches('/');
+        let bytes = match fixed {
+            Some(p) if base_path.is_empty() => Bytes::from_static(p.as_bytes()),
+            _ => Bytes::from(format!("{base_path}{path}")),
+        };
         let mut parts = base.clone().into_parts();
-        parts.path_and_query = format!("{base_path}{path}").parse().ok();
+        parts.path_and_query = http::uri::PathAndQuery::from_maybe_shared(bytes).ok();
         Uri::from_parts(parts).unwrap_or_else(|_| base.clone())
     }
 

@@ -141,7 +141,9 @@ pub(crate) fn parse_head(
         spans.push((n, h.name.len(), v, h.value.len()));
     }
     let head = buf.split_to(len).freeze();
-    let mut headers = HeaderMap::with_capacity(spans.len());
+    // Room for one more: the response is passed on with this map, and hyper's HTTP/2
+    // server looks its `content-length` up with `entry`, which grows a full map.
+    let mut headers = HeaderMap::with_capacity(spans.len() + 1);
     let mut framing = FramingFields::new(version);
     for (n, nl, v, vl) in spans {
         let name =

@@ -24,6 +24,7 @@ mod faults;
 mod fleet_metrics;
 mod fleet_snapshots;
 mod forward;
+mod idle_release;
 mod inspect_live;
 mod layout;
 mod ocsp;

@@ -8,6 +8,10 @@ pub(super) fn d24h() -> Duration {
     Duration::from_secs(24 * 3600)
 }
 
+pub(super) fn d1s() -> Duration {
+    Duration::from_secs(1)
+}
+
 pub(super) fn d5s() -> Duration {
     Duration::from_secs(5)
 }

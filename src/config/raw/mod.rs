@@ -321,6 +321,15 @@ pub struct RawListener {
     /// being closed under it; then it is closed. Default `500ms`; `0s` closes it at once.
     #[serde(default = "d500ms", with = "humantime_serde")]
     pub drain_idle_grace: Duration,
+    /// An HTTP/1.1 connection with no request in flight and nothing sent to it for this
+    /// long lets go of its HTTP read and write buffers (and hyper's per-connection
+    /// state); they are taken again when the client's next bytes arrive, so a held idle
+    /// connection costs its TLS session and little more. At most half of
+    /// `header_read_timeout` is used (hyper's header bound also runs while a connection
+    /// waits for its next request: one not released by then is closed at
+    /// `header_read_timeout`). Default `1s`; `0s` never releases them.
+    #[serde(default = "d1s", with = "humantime_serde")]
+    pub idle_release_after: Duration,
     /// The HTTP status of the gateway's JSON-RPC errors: `mapped` or `ok` (200).
     #[serde(default)]
     pub error_status: ErrorStatus,
