@@ -108,7 +108,7 @@ impl Parkable {
 
     /// Made ready to serve again after a release, with `unread` to be read first.
     fn rearm(&mut self, unread: Bytes) {
-        self.prefix = unread;
+        self.prefix = unread_only(unread);
         self.released = false;
         self.dirty = false;
         self.read_at_end = None;
@@ -120,6 +120,17 @@ impl Parkable {
             return Poll::Ready(());
         }
         self.inner.get_ref().0.poll_read_ready(cx).map(|_| ())
+    }
+}
+
+/// What hyper had read and not used, without the buffer it was read into: hyper hands
+/// back its whole read buffer, frozen (an empty `Bytes` that still owns the 8 KiB
+/// allocation); what it holds (rarely anything) is copied out, so the buffer goes.
+fn unread_only(unread: Bytes) -> Bytes {
+    if unread.is_empty() {
+        Bytes::new()
+    } else {
+        Bytes::copy_from_slice(&unread)
     }
 }
 
@@ -223,12 +234,10 @@ impl Drop for Released {
     }
 }
 
-#[expect(
-    clippy::large_enum_variant,
-    reason = "hyper's connection was held inline before; a box would be an allocation per idle wake-up"
-)]
 enum State<S: HttpService<Incoming>> {
-    Serving(http1::Connection<TokioIo<Parkable>, S>),
+    /// hyper's connection, boxed: inline it made the connection's task (which stays
+    /// allocated while released) about 2 KiB larger; the box goes with it at a release.
+    Serving(Box<http1::Connection<TokioIo<Parkable>, S>>),
     /// Released: the TLS stream and the service, counted until it leaves this state.
     Parked {
         io: Parkable,
@@ -259,7 +268,7 @@ where
     /// Serves `io` with `service` on connections made by `builder`; `released` counts the
     /// connections released at a time.
     pub(super) fn new(builder: http1::Builder, io: Parkable, service: S, released: Gauge) -> Self {
-        let conn = builder.serve_connection(TokioIo::new(io), service);
+        let conn = Box::new(builder.serve_connection(TokioIo::new(io), service));
         Parking {
             builder,
             state: State::Serving(conn),
@@ -274,7 +283,7 @@ where
         let State::Serving(conn) = std::mem::replace(&mut self.state, State::Done) else {
             return Some(ended);
         };
-        let parts = conn.into_parts();
+        let parts = (*conn).into_parts();
         let mut io = parts.io.into_inner();
         if !io.released {
             return Some(ended);
@@ -313,7 +322,7 @@ where
         loop {
             match &mut this.state {
                 State::Serving(conn) => {
-                    let ended = ready!(Pin::new(conn).poll(cx));
+                    let ended = ready!(Pin::new(&mut **conn).poll(cx));
                     if let Some(done) = this.ended(ended) {
                         return Poll::Ready(done);
                     }
@@ -326,7 +335,7 @@ where
                         unreachable!("matched above");
                     };
                     let conn = this.builder.serve_connection(TokioIo::new(io), service);
-                    this.state = State::Serving(conn);
+                    this.state = State::Serving(Box::new(conn));
                 }
                 State::Closing(io) => {
                     // A client that does not read its close_notify ends it too.
@@ -354,11 +363,38 @@ where
         this.closing = true;
         match std::mem::replace(&mut this.state, State::Done) {
             State::Serving(mut conn) => {
-                Pin::new(&mut conn).graceful_shutdown();
+                Pin::new(&mut *conn).graceful_shutdown();
                 this.state = State::Serving(conn);
             }
             State::Parked { io, .. } | State::Closing(io) => this.state = State::Closing(io),
             State::Done => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The capacity a `Bytes` keeps allocated (0 for a shared or static one).
+    fn kept(b: Bytes) -> usize {
+        b.try_into_mut().map_or(0, |m| m.capacity())
+    }
+
+    #[test]
+    fn a_released_connection_keeps_no_read_buffer() {
+        // As hyper hands it back: its read buffer, emptied and frozen.
+        let mut buf = bytes::BytesMut::with_capacity(8192);
+        buf.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
+        let _ = buf.split();
+        let frozen = buf.freeze();
+        assert!(frozen.is_empty());
+        assert_eq!(kept(unread_only(frozen)), 0);
+        // Unread bytes are kept, in a buffer of their own size.
+        let mut buf = bytes::BytesMut::with_capacity(8192);
+        buf.extend_from_slice(b"POST /a");
+        let unread = unread_only(buf.freeze());
+        assert_eq!(&unread[..], b"POST /a");
+        assert!(kept(unread) < 64);
     }
 }
