@@ -699,11 +699,15 @@ def start_otlp(d, proxies):
     1.0, OTLP/gRPC) to a live receiver (examples/otlp_sink: the official trace service,
     decoding every span; on the load's core) and to a dead one (a port nothing listens on:
     every export refused); and to the live one with a queue of 2^20 requests (`aipgw+otlp-bigq`:
-so that a receiver slower than the load drops nothing). Each one's span counters (exported,
-failed, dropped) are printed at the end."""
+so that a receiver slower than the load drops nothing); and to a receiver that only drains
+the bytes (`otlp_sink --drain`, queue 2^20: `aipgw+otlp-drain`), with the audit log on too
+(`aipgw+otlp+audit`): the decoding receiver shares the load generator's core and takes
+enough of it to lower the load. Each one's span counters (exported, failed, dropped) are
+printed at the end."""
     sink = Proc("otlp_sink", [str(RELEASE / "examples" / "otlp_sink"), "127.0.0.1:0"], LOAD_CPU, d)
+    drain = Proc("otlp_drain", [str(RELEASE / "examples" / "otlp_sink"), "127.0.0.1:0", "--drain"], LOAD_CPU, d)
     for label, port, queue in (("aipgw+otlp", sink.port, 2048), ("aipgw+otlp-dead", free_port(), 2048),
-                               ("aipgw+otlp-bigq", sink.port, 1 << 20)):
+                               ("aipgw+otlp-bigq", sink.port, 1 << 20), ("aipgw+otlp-drain", drain.port, 1 << 20)):
         toml = (f'\n[tracing]\notlp_endpoint = "http://127.0.0.1:{port}"\nsample_ratio = 1.0\n'
                 f'queue_size = {queue}\n')
         proxies.append((label, str(RELEASE / "aipgw"), toml))
@@ -712,10 +716,10 @@ failed, dropped) are printed at the end."""
     key = d / "audit.key"
     subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(key)], check=True)
     proxies.append(("aipgw+otlp+audit", str(RELEASE / "aipgw"),
-                    f'\n[tracing]\notlp_endpoint = "http://127.0.0.1:{sink.port}"\nsample_ratio = 1.0\n'
+                    f'\n[tracing]\notlp_endpoint = "http://127.0.0.1:{drain.port}"\nsample_ratio = 1.0\n'
                     f'queue_size = {1 << 20}\n\n[audit]\nfile = "{d / "audit.log"}"\nkey = "{key}"\n'
                     'aic = "10001000011K9DX1GW14X1VSP2QQNG44"\n'))
-    return [sink]
+    return [sink, drain]
 
 
 def main():
