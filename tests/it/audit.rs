@@ -77,6 +77,11 @@ fn action(r: &Value) -> &str {
     r["body"]["action"]["name"].as_str().unwrap()
 }
 
+/// The actions of the file's records, in order.
+fn actions(file: &Path) -> Vec<String> {
+    records(file).iter().map(|r| action(r).to_owned()).collect()
+}
+
 /// Makes one refusal of each kind and stops the gateway (its stop record written).
 async fn refusals(pki: &Pki, cfg: &str) {
     let mut gw = start_gateway(cfg).await;
@@ -344,9 +349,8 @@ async fn a_key_rotated_by_reload_is_announced_by_the_old_key() {
     assert_eq!(r.error().1, "blocked");
     gw.shutdown().await.unwrap().unwrap();
     let recs = records(&file);
-    let actions: Vec<&str> = recs.iter().map(action).collect();
     assert_eq!(
-        actions,
+        actions(&file),
         [
             "gateway.start",
             "identity.blocklist",
@@ -475,10 +479,8 @@ async fn a_second_process_on_the_same_audit_file_waits_for_it_and_the_chain_stay
     metric(&second, "aipgw_audit_records_total", 2.0).await;
     second.shutdown().await.unwrap().unwrap();
 
-    let recs = records(&file);
-    let actions: Vec<&str> = recs.iter().map(action).collect();
     assert_eq!(
-        actions,
+        actions(&file),
         [
             "gateway.start",
             "identity.blocklist",
