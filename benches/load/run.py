@@ -438,6 +438,10 @@ def span_counts(proc):
     return ", ".join(l for l in text.splitlines() if l.startswith("aipgw_trace_spans_"))
 
 
+# --rate: requests per second oha sends (0: as many as it can).
+RATE = 0
+
+
 def oha(d, port, mode, duration, conns, prefix="/aip"):
     body = d / ("stream.json" if mode == "sse" else "rpc.json")
     argv = [
@@ -454,6 +458,8 @@ def oha(d, port, mode, duration, conns, prefix="/aip"):
         argv += ["-c", "1"]
     else:
         argv += ["-c", str(conns)]
+    if RATE:
+        argv += ["-q", str(RATE)]
     path = f"{prefix}/stream" if mode == "sse" else f"{prefix}/rpc"
     argv.append(f"https://127.0.0.1:{port}{path}")
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
@@ -745,6 +751,9 @@ def main():
     ap.add_argument("--routes", type=sizes, default=[], help="fleet mode: N Partners, the load to the last (e.g. 1,1000,10000)")
     ap.add_argument("--proxy-protocol", action="store_true", help="each gateway behind an L4 HAProxy front, "
                     "with and without send-proxy-v2 (keep-alive HTTP/1.1 and full handshakes)")
+    ap.add_argument("--rate", type=int, default=0, help="requests per second (oha -q) instead of as many as the load "
+                    "generator can send: every proxy serves the same load, so its CPU per request is compared at equal "
+                    "batching (the CPU-second figures still hold)")
     ap.add_argument("--otlp", action="store_true", help="beside aipgw, the same binary exporting every span (OTLP/gRPC, "
                     "ratio 1.0) to a live receiver (examples/otlp_sink) and to a dead one")
     ap.add_argument("--access", type=sizes, default=[], help="fleet mode: N allow + N deny prefixes in the target's [partner.access] (e.g. 10,1000,100000)")
@@ -752,6 +761,8 @@ def main():
                     "RSS per held connection (after one request each)")
     ap.add_argument("--idle-settle", type=float, default=3.0, help="seconds the connections are held idle before the RSS is read (--idle)")
     args = ap.parse_args()
+    global RATE
+    RATE = args.rate
     modes = [m for m in ("http1", "http2", "handshake", "resume", "sse") if getattr(args, m)]
     fleets = [(k, getattr(args, k)) for k in ("routes", "access") if getattr(args, k)]
     modes = modes or ([] if fleets or args.proxy_protocol or args.idle else ["http1", "http2"])

@@ -60,6 +60,8 @@ pub struct AuditSettings {
     pub quota_interval: Duration,
     /// AICs counted apart per interval.
     pub quota_max_aics: usize,
+    /// Refusals of one kind from one caller written in full per interval.
+    pub repeat_limit: u64,
 }
 
 /// Who made a refused request, and what it asked.
@@ -79,6 +81,19 @@ pub(crate) struct Caller {
     pub(crate) trace_id: Option<String>,
 }
 
+/// One kind of refusal from one caller in the current interval: refusals seen, those past
+/// `audit.repeat_limit`, and the last of those.
+type Repeats = (u64, u64, Option<Box<Refused>>);
+
+/// Other refusals past `audit.repeat_limit` in the current interval, per kind and caller.
+#[derive(Default)]
+struct RepeatTally {
+    /// Per kind and caller (its AIC, or its address).
+    by_caller: HashMap<(Refusal, Box<str>), Repeats, ahash::RandomState>,
+    /// Refusals past the limit of callers past `quota_max_aics`, and the last of them.
+    others: (u64, Option<Box<Refused>>),
+}
+
 /// Quota refusals counted in the current interval.
 #[derive(Default)]
 struct QuotaTally {
@@ -94,6 +109,7 @@ pub(crate) struct Shared {
     /// Records lost to a full queue since the last gap record.
     pub(crate) lost: AtomicU64,
     quota: Mutex<QuotaTally>,
+    repeats: Mutex<RepeatTally>,
     /// A new signing key, set by a reload, taken by the writer.
     pub(crate) next_key: Mutex<Option<key::Signer>>,
     pub(crate) metrics: Arc<crate::metrics::Metrics>,
@@ -145,6 +161,7 @@ impl Audit {
             settings: s.clone(),
             lost: AtomicU64::new(0),
             quota: Mutex::default(),
+            repeats: Mutex::default(),
             next_key: Mutex::new(None),
             metrics,
         });
@@ -223,7 +240,7 @@ impl Audit {
             _ => return,
         };
         let (_, code, reason) = error.classify();
-        self.record(Event::Refused(Box::new(Refused {
+        let refused = Box::new(Refused {
             kind,
             aic: who.aic,
             ip: who.ip,
@@ -233,7 +250,36 @@ impl Audit {
             partner: who.partner,
             task: who.task,
             trace_id: who.trace_id.filter(|t| t.len() == 32),
-        })));
+            repeated: None,
+        });
+        if let Some(refused) = Self::past_repeat_limit(inner, refused) {
+            self.record(Event::Refused(refused));
+        }
+    }
+
+    /// `refused` back if it is within `audit.repeat_limit` for its kind and caller this
+    /// interval; otherwise counted (the last kept) and `None`.
+    fn past_repeat_limit(inner: &Inner, refused: Box<Refused>) -> Option<Box<Refused>> {
+        let s = &inner.shared.settings;
+        let caller: Box<str> = match &refused.aic {
+            Some(aic) => aic.as_str().into(),
+            None => refused.ip.to_string().into(),
+        };
+        let mut t = crate::sync::lock(&inner.shared.repeats);
+        let key = (refused.kind, caller);
+        if t.by_caller.len() >= s.quota_max_aics && !t.by_caller.contains_key(&key) {
+            t.others.0 += 1;
+            t.others.1 = Some(refused);
+            return None;
+        }
+        let (seen, past, last) = t.by_caller.entry(key).or_insert((0, 0, None));
+        *seen += 1;
+        if *seen <= s.repeat_limit {
+            return Some(refused);
+        }
+        *past += 1;
+        *last = Some(refused);
+        None
     }
 
     fn quota_refused(&self, inner: &Inner, aic: &str, ip: IpAddr, reason: &'static str) {
@@ -337,6 +383,17 @@ impl Audit {
                 count: tally.others,
                 window_secs,
             });
+        }
+        // Refusals past the repeat limit: one record per kind and caller, the last one's
+        // details with their count (the callers past the bound: one, actor `*`).
+        let repeats = std::mem::take(&mut *crate::sync::lock(&shared.repeats));
+        let past = (repeats.by_caller.into_values()).map(|(_, n, last)| (n, last, false));
+        let others = (repeats.others.0, repeats.others.1, true);
+        for (count, last, any) in past.chain(std::iter::once(others)) {
+            if let (true, Some(mut r)) = (count > 0, last) {
+                r.repeated = Some((count, window_secs, any));
+                events.push(Event::Refused(r));
+            }
         }
         events
     }

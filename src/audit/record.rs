@@ -19,7 +19,7 @@ pub(crate) const SEQ: &str = "audit.seq";
 pub(crate) const PREV: &str = "audit.prevHash";
 
 /// Which security decision refused a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Refusal {
     /// No certificate, or one the trust settings (CAs, CRLs, OCSP, AIC checks) reject.
     Identity,
@@ -64,6 +64,10 @@ pub(crate) struct Refused {
     pub(crate) task: Option<String>,
     /// The request's trace id.
     pub(crate) trace_id: Option<String>,
+    /// For refusals past `audit.repeat_limit`: how many of this kind from this caller in
+    /// the interval (this one the last of them), the interval in seconds, and whether
+    /// they are of the callers past `audit.quota_max_aics`, together (actor `*`).
+    pub(crate) repeated: Option<(u64, u64, bool)>,
 }
 
 /// Everything the audit log records.
@@ -321,8 +325,12 @@ fn refused(gateway: &str, r: &Refused) -> LogRecord {
             target.insert("id".into(), gateway.into());
         }
     }
+    let actor = match r.repeated {
+        Some((_, _, true)) => json!({"id": "*", "type": "aggregate"}),
+        _ => actor_agent(r.aic.as_deref(), Some(r.ip)),
+    };
     let body = json!({
-        "actor": actor_agent(r.aic.as_deref(), Some(r.ip)),
+        "actor": actor,
         "action": action,
         "target": target,
         "result": result(false, Some(r.reason), Some(r.code.to_string())),
@@ -331,6 +339,11 @@ fn refused(gateway: &str, r: &Refused) -> LogRecord {
     rec.trace_id = r.trace_id.clone();
     rec.correlation_id = r.task.clone();
     rec.body = Some(body);
+    if let Some((count, window_secs, _)) = r.repeated {
+        rec.attributes.insert("audit.count".into(), count.into());
+        rec.attributes
+            .insert("audit.windowSeconds".into(), window_secs.into());
+    }
     rec
 }
 

@@ -30,6 +30,7 @@ fn settings(dir: &std::path::Path, queue: usize, quota_max_aics: usize) -> Audit
         max_files: 2,
         quota_interval: Duration::from_secs(10),
         quota_max_aics,
+        repeat_limit: 10,
     }
 }
 
@@ -143,6 +144,87 @@ async fn quota_refusals_are_one_record_per_aic_per_interval_within_a_bound() {
         .unwrap();
     assert_eq!(quota["attributes"]["audit.windowSeconds"], 10);
     assert_eq!(quota["body"]["actor"]["ip"], "192.0.2.7");
+}
+
+fn anonymous(ip: &str) -> Caller {
+    Caller {
+        aic: None,
+        ip: ip.parse().unwrap(),
+        method: None,
+        partner: None,
+        task: None,
+        trace_id: None,
+    }
+}
+
+/// A flood of refusals that need no certificate (identity) or come from one AIC (block
+/// list): past `audit.repeat_limit` per kind and caller they are counted and written as
+/// one record per interval, callers past `quota_max_aics` together, so a flood cannot
+/// rotate the trail away. Before, every refusal was a record of its own.
+#[tokio::test(start_paused = true)]
+async fn repeated_refusals_past_the_limit_are_one_record_per_kind_and_caller_per_interval() {
+    use crate::error::GatewayError;
+    use crate::identity::CredentialError;
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = settings(dir.path(), 64, 2);
+    s.repeat_limit = 3;
+    let metrics = Arc::new(Metrics::new());
+    let audit = Audit::open(Some(&s), metrics.clone()).unwrap();
+    let writer = tokio::spawn(audit.writer().unwrap());
+    let blocked = GatewayError::InvalidCredential(CredentialError::Blocked);
+    for _ in 0..100 {
+        audit.refused(
+            &GatewayError::AuthenticationRequired,
+            anonymous("198.51.100.1"),
+        );
+    }
+    for _ in 0..5 {
+        audit.refused(&blocked, caller("B"));
+    }
+    // Two more callers, past the bound of two counted apart.
+    for ip in ["198.51.100.2", "198.51.100.3"] {
+        audit.refused(&GatewayError::AuthenticationRequired, anonymous(ip));
+    }
+    // The start, three of each kind in full, then at the interval's end one record per
+    // kind and caller past the limit and one for the callers past the bound.
+    while metrics.audit.records.get() < 10 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    audit.stop(Duration::from_secs(10)).await;
+    writer.await.unwrap();
+    let recs = records(&s);
+    assert_eq!(recs.len(), 11, "start, 6 in full, 3 counted, stop");
+    let full: Vec<&str> = recs[1..7].iter().map(action).collect();
+    assert_eq!(
+        full,
+        ["identity.verify"; 3]
+            .into_iter()
+            .chain(["identity.blocklist"; 3])
+            .collect::<Vec<_>>()
+    );
+    assert!(recs[1..7]
+        .iter()
+        .all(|r| r["attributes"].get("audit.count").is_none()));
+    let mut counted: Vec<(String, String, u64)> = recs[7..10]
+        .iter()
+        .map(|r| {
+            assert_eq!(r["attributes"]["audit.windowSeconds"], 10);
+            (
+                action(r).to_owned(),
+                r["body"]["actor"]["id"].as_str().unwrap_or("").to_owned(),
+                r["attributes"]["audit.count"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    counted.sort();
+    assert_eq!(
+        counted,
+        [
+            ("identity.blocklist".into(), "B".into(), 2),
+            ("identity.verify".into(), "*".into(), 2),
+            ("identity.verify".into(), "198.51.100.1".into(), 97),
+        ]
+    );
 }
 
 #[test]

@@ -37,8 +37,15 @@ pub struct RawAudit {
     #[serde(with = "humantime_serde")]
     pub quota_interval: Duration,
     /// AICs counted apart per interval, at most (default 1000); refusals of AICs beyond
-    /// are counted together in one record.
+    /// are counted together in one record. Also the bound of callers counted apart for
+    /// `repeat_limit`.
     pub quota_max_aics: usize,
+    /// Other refusals (identity, block list, access, ownership) of one kind from one caller
+    /// (its AIC, or its address without one) written one record each per
+    /// `quota_interval`, at most (default 10); the rest are counted and written as one
+    /// record with their count at the interval's end, so a flood (no certificate needed
+    /// for an identity refusal) cannot rotate the trail away.
+    pub repeat_limit: u64,
 }
 
 impl Default for RawAudit {
@@ -53,6 +60,7 @@ impl Default for RawAudit {
             max_files: 10,
             quota_interval: Duration::from_secs(10),
             quota_max_aics: 1000,
+            repeat_limit: 10,
         }
     }
 }
@@ -101,6 +109,7 @@ impl RawAudit {
             max_files: self.max_files,
             quota_interval: self.quota_interval,
             quota_max_aics: self.quota_max_aics,
+            repeat_limit: self.repeat_limit,
         }))
     }
 }
