@@ -6,7 +6,7 @@
 //! with client certificates. The script is `tests/data/a2a_sdk.py`.
 
 use std::io::BufRead;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use aipgw::devcerts::CertSpec;
@@ -58,20 +58,27 @@ pub(crate) fn start_agent(python: &Path) -> Agent {
     Agent { child, port }
 }
 
-#[tokio::test]
-async fn the_sdks_agent_and_client_through_the_gateway() {
-    let Some(python) = tokio::task::spawn_blocking(|| {
+/// A python with the SDK and the SDK's agent started with it, or `None` (skipped) when
+/// the SDK cannot be had outside CI.
+pub(crate) async fn sdk_agent() -> Option<(PathBuf, Agent)> {
+    let python = tokio::task::spawn_blocking(|| {
         python_with(&SDK, "a2a-sdk-venv", "a2a.server.routes, uvicorn")
     })
     .await
-    .unwrap() else {
-        return;
-    };
+    .unwrap()?;
     let agent = {
         let python = python.clone();
         tokio::task::spawn_blocking(move || start_agent(&python))
             .await
             .unwrap()
+    };
+    Some((python, agent))
+}
+
+#[tokio::test]
+async fn the_sdks_agent_and_client_through_the_gateway() {
+    let Some((python, agent)) = sdk_agent().await else {
+        return;
     };
     let pki = Pki::new();
     pki.write_pair("owner", &pki.issue(&CertSpec::leader_v2(LEADER_B)));

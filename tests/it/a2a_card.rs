@@ -465,74 +465,13 @@ else:
 "#;
 
 /// A python with the A2A SDK, or `None` (skipped) when it cannot be had outside CI:
-/// installed as `sdk.rs` installs `acps-sdk` (a virtual environment under the target
-/// directory, made with its own pip, else filled by the interpreter's `pip --python`).
+/// installed as `sdk.rs` installs `acps-sdk` (`crate::sdk::python_with`).
 fn a2a_sdk_python() -> Option<std::path::PathBuf> {
-    use std::process::Command;
-    let venv = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("a2a-sdk-card-venv");
-    let python = venv.join("bin/python3");
-    let ready = |python: &std::path::Path| {
-        Command::new(python)
-            .args([
-                "-c",
-                "import a2a.client.card_resolver, a2a.server.request_handlers.response_helpers",
-            ])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if ready(&python) {
-        return Some(python);
-    }
-    let (venv_arg, python_arg) = (venv.to_string_lossy(), python.to_string_lossy());
-    let pip = ["install", "--quiet", "--disable-pip-version-check", A2A_SDK];
-    let mut failed = Vec::new();
-    for interpreter in ["python3", "/usr/bin/python3"] {
-        let with_pip: [Vec<&str>; 2] = [
-            vec![interpreter, "-m", "venv", &venv_arg],
-            [&[&*python_arg, "-m", "pip"][..], &pip].concat(),
-        ];
-        let without_pip: [Vec<&str>; 2] = [
-            vec![interpreter, "-m", "venv", "--without-pip", &venv_arg],
-            [
-                &[interpreter, "-m", "pip", "--python", &python_arg][..],
-                &pip,
-            ]
-            .concat(),
-        ];
-        for steps in [with_pip, without_pip] {
-            let _ = std::fs::remove_dir_all(&venv);
-            let ran = steps.iter().all(|line| {
-                let out = Command::new(line[0]).args(&line[1..]).output();
-                let ok = out.as_ref().is_ok_and(|o| o.status.success());
-                if !ok {
-                    let why = out.map_or_else(
-                        |e| e.to_string(),
-                        |o| {
-                            String::from_utf8_lossy(&o.stderr)
-                                .lines()
-                                .rev()
-                                .take(6)
-                                .collect::<Vec<_>>()
-                                .join(" | ")
-                        },
-                    );
-                    failed.push(format!("{}: {why}", line.join(" ")));
-                }
-                ok
-            });
-            if ran && ready(&python) {
-                return Some(python.clone());
-            }
-        }
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "cannot install {A2A_SDK} into {venv_arg} (CI=true: .ci/run installs python3 and its \
-         venv module); what failed:\n{}",
-        failed.join("\n")
-    );
-    eprintln!("{A2A_SDK} could not be installed: test skipped");
-    None
+    crate::sdk::python_with(
+        &[A2A_SDK],
+        "a2a-sdk-card-venv",
+        "a2a.client.card_resolver, a2a.server.request_handlers.response_helpers",
+    )
 }
 
 /// Runs the SDK script with `args` and `env`; its one line of output.

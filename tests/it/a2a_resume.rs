@@ -4,8 +4,7 @@
 //! once and in order; an id the buffer does not know is forwarded to the agent; another
 //! AIC's resume is refused.
 
-use crate::a2a::{a2a_error, start_agent, SDK};
-use crate::sdk::python_with;
+use crate::a2a::{a2a_error, sdk_agent};
 use crate::support::*;
 
 /// The ids and data of the events up to the stream's end.
@@ -170,18 +169,8 @@ async fn drop_and_resume(
 
 #[tokio::test]
 async fn an_a2a_stream_dropped_and_resumed_gets_every_event_once_in_order() {
-    let Some(python) = tokio::task::spawn_blocking(|| {
-        python_with(&SDK, "a2a-sdk-venv", "a2a.server.routes, uvicorn")
-    })
-    .await
-    .unwrap() else {
+    let Some((_python, agent)) = sdk_agent().await else {
         return;
-    };
-    let agent = {
-        let python = python.clone();
-        tokio::task::spawn_blocking(move || start_agent(&python))
-            .await
-            .unwrap()
     };
     let pki = Pki::new();
     let upstream = format!("http://127.0.0.1:{}", agent.port);

@@ -41,6 +41,15 @@ fn keypair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
     (private, public)
 }
 
+/// A PKI, an echoing Partner, an audit key pair and the audit file's path.
+async fn setup() -> (Pki, TestPartner, (PathBuf, PathBuf), PathBuf) {
+    let pki = Pki::new();
+    let partner = TestPartner::start(Behaviour::Echo).await;
+    let pair = keypair(pki.dir.path(), "audit");
+    let file = pki.dir.path().join("audit.log");
+    (pki, partner, pair, file)
+}
+
 fn audit_section(file: &Path, key: &Path, extra: &str) -> String {
     format!(
         "[audit]\nfile = \"{}\"\nkey = \"{}\"\naic = \"{GATEWAY_AIC}\"\n{extra}\n",
@@ -138,10 +147,7 @@ fn breach(report: &Report) -> (Breach, usize) {
 
 #[tokio::test]
 async fn refusals_become_signed_chained_audit_records() {
-    let pki = Pki::new();
-    let partner = TestPartner::start(Behaviour::Echo).await;
-    let (key, public) = keypair(pki.dir.path(), "audit");
-    let file = pki.dir.path().join("audit.log");
+    let (pki, partner, (key, public), file) = setup().await;
     refusals(
         &pki,
         &config(&pki, &partner.url(), &audit_section(&file, &key, "")),
@@ -200,10 +206,7 @@ fn tamper(file: &Path, out: &Path, f: impl FnOnce(&mut Vec<String>)) {
 
 #[tokio::test]
 async fn every_kind_of_tampering_is_named_where_it_happened() {
-    let pki = Pki::new();
-    let partner = TestPartner::start(Behaviour::Echo).await;
-    let (key, public) = keypair(pki.dir.path(), "audit");
-    let file = pki.dir.path().join("audit.log");
+    let (pki, partner, (key, public), file) = setup().await;
     refusals(
         &pki,
         &config(&pki, &partner.url(), &audit_section(&file, &key, "")),
@@ -255,10 +258,7 @@ async fn every_kind_of_tampering_is_named_where_it_happened() {
 
 #[tokio::test]
 async fn the_chain_goes_on_across_a_restart_and_a_tampered_past_is_found() {
-    let pki = Pki::new();
-    let partner = TestPartner::start(Behaviour::Echo).await;
-    let (key, public) = keypair(pki.dir.path(), "audit");
-    let file = pki.dir.path().join("audit.log");
+    let (pki, partner, (key, public), file) = setup().await;
     let cfg = config(&pki, &partner.url(), &audit_section(&file, &key, ""));
     refusals(&pki, &cfg).await;
     let first_run = records(&file).len();
@@ -281,10 +281,7 @@ async fn the_chain_goes_on_across_a_restart_and_a_tampered_past_is_found() {
 
 #[tokio::test]
 async fn rotated_files_make_one_chain() {
-    let pki = Pki::new();
-    let partner = TestPartner::start(Behaviour::Echo).await;
-    let (key, public) = keypair(pki.dir.path(), "audit");
-    let file = pki.dir.path().join("audit.log");
+    let (pki, partner, (key, public), file) = setup().await;
     let extra = "max_file_bytes = 4096\nmax_files = 20";
     let cfg = config(&pki, &partner.url(), &audit_section(&file, &key, extra));
     for _ in 0..3 {
@@ -384,10 +381,7 @@ async fn a_key_rotated_by_reload_is_announced_by_the_old_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_verdict_turned_over_on_an_open_connection_is_recorded() {
     use crate::revocation::{crl, wait_fetches, CrlServer};
-    let pki = Pki::new();
-    let partner = TestPartner::start(Behaviour::Echo).await;
-    let (key, public) = keypair(pki.dir.path(), "audit");
-    let file = pki.dir.path().join("audit.log");
+    let (pki, partner, (key, public), file) = setup().await;
     let server = CrlServer::start(crl(&pki.ca, &[])).await;
     let url = server.url();
     let revocation = format!(
@@ -447,10 +441,7 @@ async fn a_verdict_turned_over_on_an_open_connection_is_recorded() {
 /// from then on, and `verify` found the chain forked.
 #[tokio::test]
 async fn a_second_process_on_the_same_audit_file_waits_for_it_and_the_chain_stays_one() {
-    let pki = Pki::new();
-    let partner = TestPartner::start(Behaviour::Echo).await;
-    let (key, public) = keypair(pki.dir.path(), "audit");
-    let file = pki.dir.path().join("audit.log");
+    let (pki, partner, (key, public), file) = setup().await;
     let cfg = config(&pki, &partner.url(), &audit_section(&file, &key, ""));
     let blocked = pki.leader(LEADER_B, false);
     let refuse = |addr| {
