@@ -2,7 +2,6 @@
 //! ([`RequestLog`]) and written once, when the response body ends ([`AccessLog`]'s drop),
 //! so a stream's line has its whole duration, events, bytes and outcome.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -73,9 +72,9 @@ pub(crate) struct RequestLog {
 /// A finished request's line and metrics, written on drop.
 pub(crate) struct AccessLog {
     pub(crate) log: RequestLog,
-    pub(crate) peer: SocketAddr,
-    /// The connection's key exchange group and cipher suite.
-    pub(crate) tls: crate::tls::provider::Negotiated,
+    /// The connection: the client's address (and its text, made once per connection),
+    /// the key exchange group and cipher suite.
+    pub(crate) conn: Arc<crate::layers::ConnInfo>,
     pub(crate) metrics: Arc<crate::metrics::Metrics>,
     pub(crate) started: Instant,
     pub(crate) status: u16,
@@ -122,6 +121,7 @@ impl AccessLog {
         let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
         let end = nanos(now.unwrap_or_default());
+        let start = end.saturating_sub(nanos(total));
         let max = tracer.max_attribute_bytes;
         let text = |t: Option<&'a LogText>| t.map(|t| crate::otel::cut(t.as_str(), max));
         tracer.record(&crate::otel::Finished {
@@ -129,10 +129,14 @@ impl AccessLog {
             parent: ids.parent,
             server: ids.server,
             sampled: ids.sampled,
-            client: ids
-                .client
-                .map(|(c, at)| (c, end.saturating_sub(nanos(at.elapsed())))),
-            start: end.saturating_sub(nanos(total)),
+            // The client span's start from the request's (no clock read of its own).
+            client: ids.client.map(|(c, at)| {
+                (
+                    c,
+                    start.saturating_add(nanos(at.saturating_duration_since(self.started))),
+                )
+            }),
+            start,
             end,
             method: l.method,
             command: l.command.map(|c| c.name()),
@@ -142,7 +146,7 @@ impl AccessLog {
             partner: l.partner.as_deref(),
             task_id: text(l.task_id.as_ref()),
             session_id: text(l.session_id.as_ref()),
-            peer: self.peer.ip(),
+            peer: self.conn.peer_ip(),
             status: self.status,
             code,
             reason,
@@ -181,7 +185,7 @@ impl Drop for AccessLog {
                 status: self.status,
                 bytes_out: self.bytes_out,
                 caller_aic: l.aic.as_ref().map(|a| a.as_str()),
-                caller_ip: self.peer.ip(),
+                caller_ip: self.conn.peer.ip(),
                 partner: l.partner.as_deref(),
                 code,
                 reason,
@@ -213,9 +217,9 @@ impl AccessLog {
         let events = l.stream.as_ref().map_or(0, |t| t.events());
         tracing::info!(
             target: "aipgw::access",
-            peer = %self.peer,
-            tls_group = self.tls.group,
-            tls_suite = self.tls.suite,
+            peer = %self.conn.peer,
+            tls_group = self.conn.tls.group,
+            tls_suite = self.conn.tls.suite,
             aic = %aic,
             partner,
             method,

@@ -605,6 +605,27 @@ def median(rows, key):
     return statistics.median(r[key] for r in rows)
 
 
+def report_paired(rows, scale):
+    """Each `aipgw+...` arm (the same binary with something turned on) against `aipgw` round
+    by round: the rounds rotate the order, so a round's two figures were taken minutes
+    apart at most, and the median of the per-round ratios moves less with this machine's
+    drift than the ratio of the two medians. The spread (lowest and highest round) is
+    printed with it."""
+    base = rows.get("aipgw")
+    if not base:
+        return
+    for name, rs in rows.items():
+        if not name.startswith("aipgw+"):
+            continue
+        ratios = sorted(
+            (r["ok"] / r["cpu"]) / (b["ok"] / b["cpu"])
+            for r, b in zip(rs, base) if r["cpu"] and b["cpu"] and b["ok"]
+        )
+        if ratios:
+            print(f"\n{name} / aipgw per CPU-second, round by round: median {statistics.median(ratios):.3f}x "
+                  f"(lowest {ratios[0]:.3f}x, highest {ratios[-1]:.3f}x, {len(ratios)} rounds)")
+
+
 def report_fleet(per_cpu, sizes):
     """Each gateway binary's requests per CPU-second at each fleet size, as a ratio to its
     own first size."""
@@ -649,6 +670,7 @@ def report(mode, rows, events, fleet_sizes=None):
         report_fleet(per_cpu, fleet_sizes)
         return per_cpu
     gateways = [n for n in per_cpu if n not in ("nginx", "haproxy", "bare")]
+    report_paired(rows, scale)
     others = [n for n in ("nginx", "haproxy", "bare") if n in per_cpu and per_cpu[n]]
     for g in gateways:
         ratios = ", ".join(f"{per_cpu[g] / per_cpu[o]:.2f}x {o}" for o in others)
@@ -700,7 +722,10 @@ ocsp_url = "http://127.0.0.1:{ocsp_port}/"
     return [crl, ocsp]
 
 
-def start_otlp(d, proxies):
+OTLP_ARMS = ("live", "dead", "bigq", "drain", "audit")
+
+
+def start_otlp(d, proxies, arms=OTLP_ARMS):
     """--otlp: beside aipgw, the same binary exporting every request's spans (`sample_ratio`
     1.0, OTLP/gRPC) to a live receiver (examples/otlp_sink: the official trace service,
     decoding every span; on the load's core) and to a dead one (a port nothing listens on:
@@ -710,13 +735,23 @@ the bytes (`otlp_sink --drain`, queue 2^20: `aipgw+otlp-drain`), with the audit 
 (`aipgw+otlp+audit`): the decoding receiver shares the load generator's core and takes
 enough of it to lower the load. Each one's span counters (exported, failed, dropped) are
 printed at the end."""
-    sink = Proc("otlp_sink", [str(RELEASE / "examples" / "otlp_sink"), "127.0.0.1:0"], LOAD_CPU, d)
-    drain = Proc("otlp_drain", [str(RELEASE / "examples" / "otlp_sink"), "127.0.0.1:0", "--drain"], LOAD_CPU, d)
-    for label, port, queue in (("aipgw+otlp", sink.port, 2048), ("aipgw+otlp-dead", free_port(), 2048),
-                               ("aipgw+otlp-bigq", sink.port, 1 << 20), ("aipgw+otlp-drain", drain.port, 1 << 20)):
-        toml = (f'\n[tracing]\notlp_endpoint = "http://127.0.0.1:{port}"\nsample_ratio = 1.0\n'
+    receivers = []
+    if {"live", "bigq"} & set(arms):
+        receivers.append(sink := Proc("otlp_sink", [str(RELEASE / "examples" / "otlp_sink"), "127.0.0.1:0"], LOAD_CPU, d))
+    if {"drain", "audit"} & set(arms):
+        receivers.append(drain := Proc("otlp_drain", [str(RELEASE / "examples" / "otlp_sink"), "127.0.0.1:0", "--drain"],
+                                       LOAD_CPU, d))
+    for arm, label, port, queue in (("live", "aipgw+otlp", lambda: sink.port, 2048),
+                                    ("dead", "aipgw+otlp-dead", free_port, 2048),
+                                    ("bigq", "aipgw+otlp-bigq", lambda: sink.port, 1 << 20),
+                                    ("drain", "aipgw+otlp-drain", lambda: drain.port, 1 << 20)):
+        if arm not in arms:
+            continue
+        toml = (f'\n[tracing]\notlp_endpoint = "http://127.0.0.1:{port()}"\nsample_ratio = 1.0\n'
                 f'queue_size = {queue}\n')
         proxies.append((label, str(RELEASE / "aipgw"), toml))
+    if "audit" not in arms:
+        return receivers
     # Issue 34's figure: tracing at ratio 1.0 (every span exported, nothing dropped) and
     # the audit log on together, against both off (`aipgw`).
     key = d / "audit.key"
@@ -725,7 +760,7 @@ printed at the end."""
                     f'\n[tracing]\notlp_endpoint = "http://127.0.0.1:{drain.port}"\nsample_ratio = 1.0\n'
                     f'queue_size = {1 << 20}\n\n[audit]\nfile = "{d / "audit.log"}"\nkey = "{key}"\n'
                     'aic = "10001000011K9DX1GW14X1VSP2QQNG44"\n'))
-    return [sink, drain]
+    return receivers
 
 
 def main():
@@ -757,6 +792,9 @@ def main():
     ap.add_argument("--otlp", action="store_true", help="beside aipgw, the same binary exporting every span (OTLP/gRPC, "
                     "ratio 1.0) to a live receiver (examples/otlp_sink) and to a dead one")
     ap.add_argument("--access", type=sizes, default=[], help="fleet mode: N allow + N deny prefixes in the target's [partner.access] (e.g. 10,1000,100000)")
+    ap.add_argument("--otlp-arms", default=",".join(OTLP_ARMS),
+                    help="the --otlp arms to run, of " + ",".join(OTLP_ARMS) + " (default all): e.g. audit alone "
+                    "for issue 34's figure with more rounds in the same time")
     ap.add_argument("--idle", type=int, default=0, help="N held idle keep-alive mTLS connections per proxy: "
                     "RSS per held connection (after one request each)")
     ap.add_argument("--idle-settle", type=float, default=3.0, help="seconds the connections are held idle before the RSS is read (--idle)")
@@ -792,7 +830,7 @@ def main():
         (d / "rpc.json").write_text(RPC_BODY)
         (d / "stream.json").write_text(STREAM_BODY)
         responders = start_revocation(d, proxies) if args.revocation else []
-        responders += start_otlp(d, proxies) if args.otlp else []
+        responders += start_otlp(d, proxies, args.otlp_arms.split(",")) if args.otlp else []
         backend = Proc("backend", [str(RELEASE / "examples" / "load_backend"), "--events", str(args.events)], LOAD_CPU, d)
         where = "the gateway on the CPUs its label names" if args.scaling else f"proxies on CPU {PROXY_CPU}"
         print(f"# load comparison, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs; {where}, "

@@ -140,8 +140,7 @@ impl<F: Future<Output = Handled>> Future for Responding<F> {
         let streamed = log.stream.is_some() && is_event_stream(response.headers());
         let access = AccessLog {
             log,
-            peer: conn.peer,
-            tls: conn.tls,
+            conn,
             metrics: snap.metrics.clone(),
             started: *this.started,
             status,

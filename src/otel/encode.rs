@@ -15,8 +15,6 @@
 //! `trace_service.proto`; a differential test (below) checks that the bytes decode to
 //! exactly the struct-built request for records with every field set and unset.
 
-use std::io::Write as _;
-
 use prost::encoding::encoded_len_varint;
 
 use super::Finished;
@@ -99,16 +97,7 @@ impl Encoder {
         span_head(s, &f.trace, &f.server, f.parent.as_ref(), name, KIND_SERVER);
         times(s, f.start, f.end);
         common(s, f);
-        let mut peer = [0u8; 64];
-        let mut w = &mut peer[..];
-        // An address's text is at most 45 bytes: the write cannot fail.
-        let _ = write!(w, "{}", f.peer);
-        let n = 64 - w.len();
-        kv_str(
-            s,
-            "client.address",
-            std::str::from_utf8(&peer[..n]).unwrap_or(""),
-        );
+        kv_str(s, "client.address", f.peer);
         if let Some(aic) = f.aic {
             kv_str(s, "aip.caller.aic", aic);
         }

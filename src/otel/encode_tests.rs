@@ -1,8 +1,6 @@
 //! The differential test: the hand-written bytes decode to exactly the request built from
 //! `opentelemetry-proto`'s prost structs (the exporter's code before `encode`).
 
-use std::net::IpAddr;
-
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans};
 use prost::Message;
@@ -57,12 +55,10 @@ const REQUEST_IDS: &str = concat!(
 fn finished(s: &[String], i: usize) -> Finished<'_> {
     let pick = |k: usize| s[(i / 2 + k) % s.len()].as_str();
     let bit = |b: usize| i & (1 << b) != 0;
-    let peers: [IpAddr; 3] = [
-        "127.0.0.1".parse().unwrap(),
-        "::1".parse().unwrap(),
-        "2001:db8:ffff:ffff:ffff:ffff:255.255.255.255"
-            .parse()
-            .unwrap(),
+    let peers = [
+        "127.0.0.1",
+        "::1",
+        "2001:db8:ffff:ffff:ffff:ffff:255.255.255.255",
     ];
     let codes = [0, -32_603, -32_000, 1, i32::MIN, i32::MAX];
     let times = [0u64, 1, 1_764_000_000_000_000_000, u64::MAX];

@@ -8,8 +8,6 @@
 //! `aip.caller.aic`, `aip.partner`, `aip.command`, `aip.task_id`, `aip.session_id`,
 //! `aip.request_id` (the `x-request-id`), `aip.stream.events`, `aip.stream.outcome`.
 
-use std::net::IpAddr;
-
 #[cfg(test)]
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
 #[cfg(test)]
@@ -64,7 +62,8 @@ pub(crate) struct Finished<'a> {
     pub(crate) partner: Option<&'a str>,
     pub(crate) task_id: Option<&'a str>,
     pub(crate) session_id: Option<&'a str>,
-    pub(crate) peer: IpAddr,
+    /// The client's address as text.
+    pub(crate) peer: &'a str,
     pub(crate) status: u16,
     /// The gateway's JSON-RPC error code (`0`: none) and its reason.
     pub(crate) code: i32,
@@ -105,7 +104,7 @@ impl Finished<'_> {
         let flags = u32::from(self.sampled);
         let mut server = Vec::with_capacity(16);
         self.common(&mut server);
-        kv_str(&mut server, "client.address", &self.peer.to_string());
+        kv_str(&mut server, "client.address", self.peer);
         if let Some(aic) = self.aic {
             kv_str(&mut server, "aip.caller.aic", aic);
         }
