@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use super::budget::Budget;
 use super::conn::{Conn, ConnectError, Endpoint};
 use super::idle::Idle;
-use super::wire::{encode_head, parse_head, Decoded, Decoder, Parsed, Truncated, WireError};
+use super::wire::{encode_head, parse_head_into, Decoded, Decoder, Parsed, Truncated, WireError};
 use crate::timers::TimedOut;
 
 /// Request bodies up to this size are copied behind the head and written at once.
@@ -137,8 +137,10 @@ impl H1Client {
             }
         };
         drop(head);
+        // The request's map, written out, takes the response's fields.
+        let mut fields = parts.headers;
         let head = loop {
-            match parse_head(&mut conn.buf, &parts.method, self.max_head)? {
+            match parse_head_into(&mut conn.buf, &parts.method, self.max_head, &mut fields)? {
                 Parsed::Head(head) => break head,
                 Parsed::Informational => continue,
                 Parsed::Partial => {}

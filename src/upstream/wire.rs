@@ -105,6 +105,20 @@ pub(crate) fn parse_head(
     method: &Method,
     max: usize,
 ) -> Result<Parsed, WireError> {
+    parse_head_into(buf, method, max, &mut HeaderMap::new())
+}
+
+/// [`parse_head`], the head's fields put in `map` (emptied first), which the head
+/// then takes. The client passes the map its request was written from: the response
+/// then needs no map of its own (two allocations per request), and the map goes on
+/// (hyper's HTTP/1.1 server keeps a response's map for the next request's head) with
+/// room for the gateway's headers already made.
+pub(crate) fn parse_head_into(
+    buf: &mut BytesMut,
+    method: &Method,
+    max: usize,
+    map: &mut HeaderMap,
+) -> Result<Parsed, WireError> {
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut res = httparse::Response::new(&mut fields);
     let len = match res.parse(buf) {
@@ -143,7 +157,9 @@ pub(crate) fn parse_head(
     let head = buf.split_to(len).freeze();
     // Room for one more: the response is passed on with this map, and hyper's HTTP/2
     // server looks its `content-length` up with `entry`, which grows a full map.
-    let mut headers = HeaderMap::with_capacity(spans.len() + 1);
+    let mut headers = std::mem::take(map);
+    headers.clear();
+    headers.reserve(spans.len() + 1);
     let mut framing = FramingFields::new(version);
     for (n, nl, v, vl) in spans {
         let name =
