@@ -30,6 +30,11 @@ use crate::timers::{Deadline, TimedOut};
 /// Bytes read from the socket at once (a stack buffer, not kept).
 const READ_CHUNK: usize = 16 * 1024;
 
+/// The largest written request buffer kept to read the response into
+/// ([`Conn::read_into`]): an `rpc`'s head and body are well under it, and a stream's
+/// connection holds no more than this while it is quiet.
+const READ_INTO_MAX: usize = 4 * 1024;
+
 /// Where a connection goes and how it is secured.
 pub(crate) struct Endpoint {
     pub host: String,
@@ -208,6 +213,16 @@ impl Conn {
         self.deadline.poll_passed(cx).map(|()| Err(TimedOut))
     }
 
+    /// Gives the buffer a request was written from (written out) to read its response
+    /// into: the response, usually smaller, then takes no buffer of its own. Kept only
+    /// when nothing is buffered and it is small ([`READ_INTO_MAX`]).
+    pub(crate) fn read_into(&mut self, mut written: BytesMut) {
+        if self.buf.is_empty() && written.capacity() <= READ_INTO_MAX {
+            written.clear();
+            self.buf = written;
+        }
+    }
+
     /// Reads what the socket has into [`Self::buf`]; `Ok(0)` at its end.
     pub(crate) fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         let mut stack = [MaybeUninit::<u8>::uninit(); READ_CHUNK];
@@ -219,8 +234,10 @@ impl Conn {
         match polled {
             Poll::Ready(Ok(())) => {
                 let got = read.filled();
-                if self.buf.is_empty() {
+                if self.buf.is_empty() && self.buf.capacity() < got.len() {
                     // Sized to what arrived; whatever the last response left is let go.
+                    // (Room left is used: a buffer from `read_into`, or the end of the
+                    // last one's, which this buffer holds anyway.)
                     self.buf = BytesMut::from(got);
                 } else {
                     self.buf.extend_from_slice(got);

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
@@ -102,7 +102,7 @@ impl H1Client {
         let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let join = body.len() <= JOIN_BODY;
         let mut head =
-            Vec::with_capacity(256 + parts.headers.len() * 48 + join as usize * body.len());
+            BytesMut::with_capacity(256 + parts.headers.len() * 48 + join as usize * body.len());
         encode_head(
             &mut head,
             &parts.method,
@@ -136,7 +136,7 @@ impl H1Client {
                 conn
             }
         };
-        drop(head);
+        conn.read_into(head);
         // The request's map, written out, takes the response's fields.
         let mut fields = parts.headers;
         let head = loop {
@@ -203,8 +203,11 @@ pub(crate) struct H1Body {
 impl H1Body {
     /// The body is read: its connection kept for another request if it can carry one.
     fn finish(&mut self) {
-        if let Some(conn) = self.conn.take() {
+        if let Some(mut conn) = self.conn.take() {
             if self.keep_alive && conn.buf.is_empty() {
+                // Idle, it holds no buffer (an empty one may still hold the room after
+                // what it read); the next request brings its own (`Conn::read_into`).
+                conn.buf = BytesMut::new();
                 let (idle, worker) = &self.home;
                 idle.put(*worker, conn);
             }

@@ -10,7 +10,7 @@
 //! `Content-Length`, a coding other than `chunked`, differing lengths, a bare LF in
 //! chunked framing: each is refused, never guessed.
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
 
@@ -36,19 +36,19 @@ pub(crate) enum WireError {
 /// Writes a request head (`content-length` framing; the caller's `host`,
 /// `content-length`, `transfer-encoding` and `connection` fields are replaced).
 pub(crate) fn encode_head(
-    out: &mut Vec<u8>,
+    out: &mut impl BufMut,
     method: &Method,
     target: &str,
     host: &str,
     headers: &HeaderMap,
     content_length: usize,
 ) {
-    out.extend_from_slice(method.as_str().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(if target.is_empty() { "/" } else { target }.as_bytes());
-    out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
-    out.extend_from_slice(host.as_bytes());
-    out.extend_from_slice(b"\r\n");
+    out.put_slice(method.as_str().as_bytes());
+    out.put_u8(b' ');
+    out.put_slice(if target.is_empty() { "/" } else { target }.as_bytes());
+    out.put_slice(b" HTTP/1.1\r\nhost: ");
+    out.put_slice(host.as_bytes());
+    out.put_slice(b"\r\n");
     for (name, value) in headers {
         if name == http::header::HOST
             || name == CONTENT_LENGTH
@@ -57,14 +57,14 @@ pub(crate) fn encode_head(
         {
             continue;
         }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        out.put_slice(name.as_str().as_bytes());
+        out.put_slice(b": ");
+        out.put_slice(value.as_bytes());
+        out.put_slice(b"\r\n");
     }
-    out.extend_from_slice(b"content-length: ");
-    out.extend_from_slice(itoa::Buffer::new().format(content_length).as_bytes());
-    out.extend_from_slice(b"\r\n\r\n");
+    out.put_slice(b"content-length: ");
+    out.put_slice(itoa::Buffer::new().format(content_length).as_bytes());
+    out.put_slice(b"\r\n\r\n");
 }
 
 /// A response head read.
