@@ -14,6 +14,7 @@ use http::header::HeaderValue;
 use http::Response;
 
 use super::facts::{Arrived, Learn, Text};
+use super::state_box::StateBox;
 use crate::access_log::RequestLog;
 use crate::body::ResponseBody;
 use crate::error::GatewayError;
@@ -127,15 +128,15 @@ pub(crate) fn forwarded_values(peer: SocketAddr) -> [HeaderValue; 2] {
 ///
 /// Everything but the body sits in one boxed [`State`] (reached through `Deref`): each
 /// step takes the exchange by value, and moving a pointer through a dozen steps costs
-/// less than copying some 900 bytes at each (one allocation a request; measured in
-/// benches/README.md, "Request path as layers").
+/// less than copying some 900 bytes at each (measured in benches/README.md, "Request
+/// path as layers"). The box is reused from request to request (`super::state_box`).
 pub(crate) struct Exchange<B, F = Arrived> {
     /// The body.
     pub(crate) body: B,
     /// What the steps so far established.
     pub(crate) facts: F,
     /// What the steps know of the request.
-    pub(crate) state: Box<State>,
+    pub(crate) state: StateBox,
 }
 
 /// What `Policy` leaves for `Owners` (cluster mode), with the task it is about.
@@ -201,7 +202,7 @@ impl<B> Exchange<B> {
         Exchange {
             body,
             facts: Arrived,
-            state: Box::new(State::new(head, conn, snap)),
+            state: StateBox::new(State::new(head, conn, snap)),
         }
     }
 }
@@ -309,7 +310,7 @@ pub(crate) struct Reply {
     /// The answer, its body still streaming.
     pub(crate) response: Response<ResponseBody>,
     /// What the steps knew of the request (its access log line among it).
-    pub(crate) state: Box<State>,
+    pub(crate) state: StateBox,
 }
 
 /// A request refused: the error, and what the steps knew of the request (the id to echo,
@@ -319,7 +320,7 @@ pub(crate) struct Refusal {
     /// What went wrong.
     pub(crate) error: GatewayError,
     /// What the steps knew of the request.
-    pub(crate) state: Box<State>,
+    pub(crate) state: StateBox,
 }
 
 impl std::fmt::Debug for Refusal {
