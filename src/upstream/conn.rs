@@ -9,12 +9,12 @@ use std::io;
 use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{ready, Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::BytesMut;
 use rustls::pki_types::ServerName;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_rustls::client::TlsStream;
@@ -182,24 +182,27 @@ impl Conn {
         }
     }
 
-    /// Writes a request (its head and body) and flushes it, by the deadline ([`Self::due`]).
-    pub(crate) async fn write(
+    /// Writes a request (its head, then its body) and flushes it, by the deadline
+    /// ([`Self::due`]); `written` counts the bytes written so far, from poll to poll.
+    pub(crate) fn poll_write(
         &mut self,
+        cx: &mut Context<'_>,
         head: &[u8],
         body: &[u8],
-    ) -> Result<io::Result<()>, TimedOut> {
-        let Conn { io, deadline, .. } = self;
-        deadline
-            .bound(async move {
-                match io {
-                    Io::Plain(s) => write_two(s, head, body).await,
-                    Io::Tls(s) => {
-                        write_two(&mut **s, head, body).await?;
-                        s.flush().await
-                    }
-                }
-            })
-            .await
+        written: &mut usize,
+    ) -> Poll<Result<io::Result<()>, TimedOut>> {
+        // The work first, then the deadline, as `Deadline::bound` has it.
+        let done = match &mut self.io {
+            Io::Plain(s) => poll_write_two(s, cx, head, body, written),
+            Io::Tls(s) => match poll_write_two(&mut **s, cx, head, body, written) {
+                Poll::Ready(Ok(())) => Pin::new(&mut **s).poll_flush(cx),
+                other => other,
+            },
+        };
+        if let Poll::Ready(r) = done {
+            return Poll::Ready(Ok(r));
+        }
+        self.deadline.poll_passed(cx).map(|()| Err(TimedOut))
     }
 
     /// [`Self::poll_fill`] by the deadline ([`Self::due`]).
@@ -277,10 +280,28 @@ impl Conn {
     }
 }
 
-async fn write_two<W: AsyncWrite + Unpin>(w: &mut W, head: &[u8], body: &[u8]) -> io::Result<()> {
-    if body.is_empty() {
-        return w.write_all(head).await;
+/// Writes `head` then `body` from `*written` on, as `write_all_buf` over the two would:
+/// vectored when the writer is.
+fn poll_write_two<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    cx: &mut Context<'_>,
+    head: &[u8],
+    body: &[u8],
+    written: &mut usize,
+) -> Poll<io::Result<()>> {
+    while *written < head.len() + body.len() {
+        let n = match head.get(*written..) {
+            Some(rest) if !rest.is_empty() && !body.is_empty() && w.is_write_vectored() => {
+                let both = [io::IoSlice::new(rest), io::IoSlice::new(body)];
+                ready!(Pin::new(&mut *w).poll_write_vectored(cx, &both))?
+            }
+            Some(rest) if !rest.is_empty() => ready!(Pin::new(&mut *w).poll_write(cx, rest))?,
+            _ => ready!(Pin::new(&mut *w).poll_write(cx, &body[*written - head.len()..]))?,
+        };
+        if n == 0 {
+            return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+        }
+        *written += n;
     }
-    let mut both = bytes::Buf::chain(head, body);
-    w.write_all_buf(&mut both).await
+    Poll::Ready(Ok(()))
 }

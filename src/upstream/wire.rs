@@ -100,6 +100,8 @@ pub(crate) enum Parsed {
 
 /// Parses (and takes from `buf`) a response head to a request of `method`; heads longer
 /// than `max` bytes are refused. Field values are slices of the head, not copies.
+/// (The client uses [`parse_head_into`].)
+#[cfg(any(test, feature = "test-util"))]
 pub(crate) fn parse_head(
     buf: &mut BytesMut,
     method: &Method,
