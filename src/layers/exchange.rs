@@ -23,6 +23,7 @@ use crate::identity::verdict::unix_now;
 use crate::identity::{ConnAuth, ConnIdentity};
 use crate::jsonrpc::RpcId;
 use crate::policy::tasks::PendingClaim;
+use crate::reply_body::ReplyBody;
 
 /// What a request knows about its connection: made once per connection.
 #[derive(Debug)]
@@ -240,6 +241,11 @@ impl<B, F> Exchange<B, F> {
 
     /// This request answered with `response`.
     pub(crate) fn reply(self, response: Response<ResponseBody>) -> Reply {
+        self.reply_with(response.map(ReplyBody::Boxed))
+    }
+
+    /// [`Self::reply`] with a body not boxed (a Partner's, relayed).
+    pub(crate) fn reply_with(self, response: Response<ReplyBody>) -> Reply {
         Reply {
             response,
             state: self.state,
@@ -308,7 +314,7 @@ impl State {
 /// A request answered (by the Partner, or by the gateway from its replay buffer).
 pub(crate) struct Reply {
     /// The answer, its body still streaming.
-    pub(crate) response: Response<ResponseBody>,
+    pub(crate) response: Response<ReplyBody>,
     /// What the steps knew of the request (its access log line among it).
     pub(crate) state: StateBox,
 }

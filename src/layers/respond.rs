@@ -122,7 +122,7 @@ impl<F: Future<Output = Handled>> Future for Responding<F> {
                 }
                 let mode = snap.config.listener.error_status;
                 let response = error.into_response_for(&st.id, mode, protocol);
-                (response.map(full), state)
+                (response.map(|b| full(b).into()), state)
             }
         };
         let super::exchange::State {
