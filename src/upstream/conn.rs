@@ -3,7 +3,10 @@
 //!
 //! Reads land in a buffer on the thread's stack and only what arrived is copied into the
 //! connection's own buffer, sized to it: a quiet stream's connection holds no read buffer
-//! at all (hyper's client kept 8 KiB for reading and 8 KiB for writing per connection).
+//! beyond that (hyper's client kept 8 KiB for reading and 8 KiB for writing per
+//! connection). A request is written from one buffer, which its response is then read
+//! into ([`Conn::read_into`], up to 4 KiB) and which the connection keeps for its next
+//! request ([`Conn::write_buffer`]).
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -214,6 +217,20 @@ impl Conn {
             return Poll::Ready(Ok(r));
         }
         self.deadline.poll_passed(cx).map(|()| Err(TimedOut))
+    }
+
+    /// A buffer of `size` bytes to write the next request from: this connection's own
+    /// when its room can be taken back without allocating (nothing read into it is held
+    /// elsewhere any more, or enough is left after it), else a new one. A keep-alive
+    /// connection's requests then take no buffer, and slicing their responses no new
+    /// shared header (the buffer is already shared).
+    pub(crate) fn write_buffer(&mut self, size: usize) -> BytesMut {
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        if buf.capacity() >= size || buf.try_reclaim(size) {
+            return buf;
+        }
+        BytesMut::with_capacity(size)
     }
 
     /// Gives the buffer a request was written from (written out) to read its response

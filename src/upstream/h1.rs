@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
 use super::budget::Budget;
@@ -118,11 +118,10 @@ pub(crate) struct H1Body {
 impl H1Body {
     /// The body is read: its connection kept for another request if it can carry one.
     fn finish(&mut self) {
-        if let Some(mut conn) = self.conn.take() {
+        if let Some(conn) = self.conn.take() {
             if self.keep_alive && conn.buf.is_empty() {
-                // Idle, it holds no buffer (an empty one may still hold the room after
-                // what it read); the next request brings its own (`Conn::read_into`).
-                conn.buf = BytesMut::new();
+                // Idle, it keeps its (empty) buffer for the next request to be written
+                // from (`Conn::write_buffer`).
                 let (idle, worker) = &self.home;
                 idle.put(*worker, conn);
             }

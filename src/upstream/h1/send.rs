@@ -81,8 +81,12 @@ impl H1Client {
         let worker = crate::workers::slot(self.idle.workers());
         let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let join = body.len() <= JOIN_BODY;
-        let mut head =
-            BytesMut::with_capacity(256 + parts.headers.len() * 48 + join as usize * body.len());
+        let size = 256 + parts.headers.len() * 48 + join as usize * body.len();
+        let mut conn = self.idle.take(worker);
+        let mut head = match &mut conn {
+            Some(conn) => conn.write_buffer(size),
+            None => BytesMut::with_capacity(size),
+        };
         encode_head(
             &mut head,
             &parts.method,
@@ -104,7 +108,7 @@ impl H1Client {
             fields: parts.headers,
             worker,
         };
-        match self.idle.take(worker) {
+        match conn {
             Some(mut conn) => {
                 conn.due(deadline);
                 Step::Write {
