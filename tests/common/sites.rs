@@ -100,7 +100,7 @@ pub(crate) fn toggle(label: &str, requests: usize) {
     BUSY.with(|b| b.set(true));
     let sites = SITES.with(|s| s.borrow_mut().take()).unwrap_or_default();
     let mut sites: Vec<_> = sites.into_iter().collect();
-    sites.sort_by(|a, b| b.1.cmp(&a.1));
+    sites.sort_by_key(|s| std::cmp::Reverse(s.1));
     let total: usize = sites.iter().map(|s| s.1).sum();
     let window = WINDOW.with(|w| {
         w.set(w.get() + 1);
