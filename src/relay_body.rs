@@ -31,12 +31,9 @@ use crate::body::{BoxError, ResponseBody};
 use crate::headers::keep_end_to_end;
 use crate::jsonrpc::RpcId;
 use crate::outcome::{Ending, StreamTally};
-use crate::ratelimit::concurrency::InFlightPermit;
-use crate::reply_body::ReplyBody;
 use crate::sse::count::EventCounter;
 use crate::sse::emit::error_event;
 use crate::sse::relay::OnUpstreamFailure;
-use crate::upstream::PartnerBody;
 
 /// Why a relayed body ended early: the error frame a plain body ends with (read back by
 /// the access log), and the reason an event stream's final error event carries.
@@ -249,18 +246,8 @@ where
     relayed(resp, idle, sse, held).map(BodyExt::boxed_unsync)
 }
 
-/// [`relay_response`] for a Partner's answer holding its in-flight permit (the usual
-/// `rpc`): its body by its own type, not boxed (`reply_body`).
-pub(crate) fn relay_partner(
-    resp: Response<PartnerBody>,
-    idle: Duration,
-    sse: impl FnOnce() -> SseTail,
-    held: InFlightPermit,
-) -> Response<ReplyBody> {
-    relayed(resp, idle, sse, held).map(ReplyBody::Partner)
-}
-
-fn relayed<B, G>(
+/// The Partner's response with its body wrapped in [`Relayed`] (see [`relay_response`]).
+pub(crate) fn relayed<B, G>(
     resp: Response<B>,
     idle: Duration,
     sse: impl FnOnce() -> SseTail,

@@ -7,14 +7,27 @@
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
+use http::Response;
 use http_body::{Body, Frame, SizeHint};
 
 use crate::body::{BoxError, ResponseBody};
 use crate::ratelimit::concurrency::InFlightPermit;
-use crate::relay_body::Relayed;
+use crate::relay_body::{relayed, Relayed, SseTail};
 use crate::upstream::PartnerBody;
+
+/// `relay_body::relay_response` for a Partner's answer holding its in-flight permit (the
+/// usual `rpc`): its body by its own type, not boxed.
+pub(crate) fn relay_partner(
+    resp: Response<PartnerBody>,
+    idle: Duration,
+    sse: impl FnOnce() -> SseTail,
+    held: InFlightPermit,
+) -> Response<ReplyBody> {
+    relayed(resp, idle, sse, held).map(ReplyBody::Partner)
+}
 
 /// See the module documentation.
 // Unboxed on purpose: a box is the allocation this type saves. It is moved a few times

@@ -140,6 +140,6 @@ fn panicked(panic: &(dyn std::any::Any + Send), kept: Kept) -> Refusal {
     };
     Refusal {
         error: GatewayError::Internal { reason: "panic" },
-        state: super::state_box::StateBox::new(state),
+        state: super::state_box::Reused::new(state),
     }
 }

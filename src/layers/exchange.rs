@@ -14,7 +14,7 @@ use http::header::HeaderValue;
 use http::Response;
 
 use super::facts::{Arrived, Learn, Text};
-use super::state_box::StateBox;
+use super::state_box::{Reused, Spare};
 use crate::access_log::RequestLog;
 use crate::body::ResponseBody;
 use crate::error::GatewayError;
@@ -137,7 +137,7 @@ pub(crate) struct Exchange<B, F = Arrived> {
     /// What the steps so far established.
     pub(crate) facts: F,
     /// What the steps know of the request.
-    pub(crate) state: StateBox,
+    pub(crate) state: Reused<State>,
 }
 
 /// What `Policy` leaves for `Owners` (cluster mode), with the task it is about.
@@ -203,7 +203,7 @@ impl<B> Exchange<B> {
         Exchange {
             body,
             facts: Arrived,
-            state: StateBox::new(State::new(head, conn, snap)),
+            state: Reused::new(State::new(head, conn, snap)),
         }
     }
 }
@@ -263,6 +263,17 @@ impl<B, F> Exchange<B, F> {
     }
 }
 
+thread_local! {
+    static SPARE_STATE: std::cell::Cell<Option<Box<Option<State>>>> =
+        const { std::cell::Cell::new(None) };
+}
+
+impl Spare for State {
+    fn slot() -> &'static std::thread::LocalKey<std::cell::Cell<Option<Box<Option<State>>>>> {
+        &SPARE_STATE
+    }
+}
+
 impl State {
     /// Nothing known yet but the request's head and where it came from.
     pub(crate) fn new(
@@ -316,7 +327,7 @@ pub(crate) struct Reply {
     /// The answer, its body still streaming.
     pub(crate) response: Response<ReplyBody>,
     /// What the steps knew of the request (its access log line among it).
-    pub(crate) state: StateBox,
+    pub(crate) state: Reused<State>,
 }
 
 /// A request refused: the error, and what the steps knew of the request (the id to echo,
@@ -326,7 +337,7 @@ pub(crate) struct Refusal {
     /// What went wrong.
     pub(crate) error: GatewayError,
     /// What the steps knew of the request.
-    pub(crate) state: StateBox,
+    pub(crate) state: Reused<State>,
 }
 
 impl std::fmt::Debug for Refusal {

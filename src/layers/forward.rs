@@ -25,7 +25,8 @@ use crate::identity::PeerIdentity;
 use crate::jsonrpc::{Command, Method};
 use crate::policy::tasks::PendingClaim;
 use crate::ratelimit::concurrency::InFlightPermit;
-use crate::relay_body::{relay_partner, relay_response, SseTail};
+use crate::relay_body::{relay_response, SseTail};
+use crate::reply_body::relay_partner;
 use crate::upstream::HeadFuture;
 
 /// See the module documentation.
