@@ -12,7 +12,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::Instant;
 
-use crate::body::{BoxError, ResponseBody};
+use crate::body::BoxError;
 use crate::relay_body::RelayError;
 
 use crate::identity::Aic;
@@ -290,7 +290,7 @@ impl AccessLog {
 /// request metrics when it ends or is dropped (so a stream's line has its whole
 /// duration, events, bytes and outcome).
 pub struct Logged {
-    pub(crate) body: ResponseBody,
+    pub(crate) body: crate::reply_body::ReplyBody,
     pub(crate) access: AccessLog,
 }
 

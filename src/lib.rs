@@ -166,6 +166,7 @@ pub(crate) mod policy;
 pub(crate) mod ratelimit;
 pub(crate) mod relay_body;
 pub mod reload;
+pub(crate) mod reply_body;
 pub mod revocation;
 pub(crate) mod routing;
 pub mod server;

@@ -243,9 +243,19 @@ where
     B::Error: Into<BoxError>,
     G: Send + Unpin + 'static,
 {
+    relayed(resp, idle, sse, held).map(BodyExt::boxed_unsync)
+}
+
+/// The Partner's response with its body wrapped in [`Relayed`] (see [`relay_response`]).
+pub(crate) fn relayed<B, G>(
+    resp: Response<B>,
+    idle: Duration,
+    sse: impl FnOnce() -> SseTail,
+    held: G,
+) -> Response<Relayed<B, G>> {
     let (mut parts, body) = resp.into_parts();
     let sse = is_event_stream(&parts.headers).then(sse);
-    let mut out = Response::new(Relayed::new(body, idle, sse, held).boxed_unsync());
+    let mut out = Response::new(Relayed::new(body, idle, sse, held));
     *out.status_mut() = parts.status;
     keep_end_to_end(&mut parts.headers, |_| false);
     *out.headers_mut() = parts.headers;

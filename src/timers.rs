@@ -54,7 +54,9 @@ impl Deadline {
     }
 
     /// Runs `work` until it completes or the deadline set passes, whichever is first; the
-    /// work is polled first, as `tokio::time::timeout` does.
+    /// work is polled first, as `tokio::time::timeout` does. (The client's connection
+    /// polls its work and [`Self::poll_passed`] itself, in that order, in a named future.)
+    #[cfg(test)]
     pub(crate) async fn bound<F: Future>(&mut self, work: F) -> Result<F::Output, TimedOut> {
         let mut work = std::pin::pin!(work);
         std::future::poll_fn(|cx| {

@@ -55,10 +55,25 @@ pub fn parse_traceparent(v: &str) -> Option<&str> {
     ok.then_some(trace)
 }
 
+/// Room for a made `traceparent` (55 bytes) and `x-request-id` (16).
+const MADE_IDS: usize = 55 + 16;
+
+/// The ids [`TraceContext::from_request`] made, inline: the owner of their `Bytes`.
+struct MadeIds {
+    bytes: [u8; MADE_IDS],
+    len: usize,
+}
+
+impl AsRef<[u8]> for MadeIds {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
 /// A request's trace id and request id, decided from the client's headers as soon as the
 /// request arrives (so even a refused request has both in the access log), and the
 /// headers that carry them on to the Partner. A client's values are kept as the header
-/// values they arrived in (no copy); made ones cost one allocation each.
+/// values they arrived in (no copy); made ones share one allocation.
 #[derive(Debug, Clone)]
 pub(crate) struct TraceContext {
     /// The client's `traceparent` when valid, otherwise one made here.
@@ -87,26 +102,31 @@ impl TraceContext {
             let b = v.as_bytes();
             !b.is_empty() && b.len() <= 128 && b.iter().all(u8::is_ascii_graphic)
         });
-        // The ids made here share one buffer whose bytes are shared from the start: their
-        // clones (the request's log, its panic answer, the Partner's headers) count
-        // references, where each value copied out of a `Vec` allocated at its first clone.
+        // The ids made here share one allocation: the bytes and their reference count in
+        // one box (`Bytes::from_owner`), so their clones (the request's log, its panic
+        // answer, the Partner's headers) and slices count references. (A `BytesMut`
+        // frozen and split took two: its buffer, and the shared header split adds.)
         const TP_EMPTY: &[u8; 55] = b"00-________________________________-________________-01";
-        let room =
-            usize::from(client.is_none()) * TP_EMPTY.len() + usize::from(client_id.is_none()) * 16;
-        let mut made = bytes::BytesMut::with_capacity(room);
+        let mut ids = MadeIds {
+            bytes: [0; MADE_IDS],
+            len: 0,
+        };
         if client.is_none() {
-            let mut tp = *TP_EMPTY;
+            let tp = &mut ids.bytes[..TP_EMPTY.len()];
+            tp.copy_from_slice(TP_EMPTY);
             random_hex_into::<16>(&mut tp[3..35]);
             random_hex_into::<8>(&mut tp[36..52]);
-            made.extend_from_slice(&tp);
+            ids.len = TP_EMPTY.len();
         }
-        let tp_len = made.len();
+        let tp_len = ids.len;
         if client_id.is_none() {
-            let mut id = [0u8; 16];
-            random_hex_into::<8>(&mut id);
-            made.extend_from_slice(&id);
+            random_hex_into::<8>(&mut ids.bytes[tp_len..tp_len + 16]);
+            ids.len += 16;
         }
-        let mut made = made.split_to(made.len()).freeze();
+        let mut made = match ids.len {
+            0 => bytes::Bytes::new(),
+            _ => bytes::Bytes::from_owner(ids),
+        };
         let (traceparent, trace_at) = client.unwrap_or_else(|| {
             let tp = made.split_to(tp_len);
             (

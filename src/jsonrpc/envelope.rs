@@ -470,9 +470,8 @@ impl<'a> Parsed<'a> {
             ));
         }
         let method = match std::mem::take(&mut raw.method) {
-            LooseStr::Str(name) => {
-                Method::from_name(&name).ok_or(EnvelopeError::MethodNotFound(name.into_owned()))?
-            }
+            LooseStr::Str(name) => Method::from_name(&name)
+                .ok_or_else(|| EnvelopeError::MethodNotFound(name.into_owned()))?,
             _ => return Err(invalid("method_type", "\"method\" must be a string")),
         };
         let params = match &mut raw.params {

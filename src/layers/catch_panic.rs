@@ -140,6 +140,6 @@ fn panicked(panic: &(dyn std::any::Any + Send), kept: Kept) -> Refusal {
     };
     Refusal {
         error: GatewayError::Internal { reason: "panic" },
-        state: Box::new(state),
+        state: super::state_box::Reused::new(state),
     }
 }

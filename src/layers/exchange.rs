@@ -14,6 +14,7 @@ use http::header::HeaderValue;
 use http::Response;
 
 use super::facts::{Arrived, Learn, Text};
+use super::state_box::{Reused, Spare};
 use crate::access_log::RequestLog;
 use crate::body::ResponseBody;
 use crate::error::GatewayError;
@@ -22,6 +23,7 @@ use crate::identity::verdict::unix_now;
 use crate::identity::{ConnAuth, ConnIdentity};
 use crate::jsonrpc::RpcId;
 use crate::policy::tasks::PendingClaim;
+use crate::reply_body::ReplyBody;
 
 /// What a request knows about its connection: made once per connection.
 #[derive(Debug)]
@@ -133,15 +135,15 @@ pub(crate) fn forwarded_values(peer: SocketAddr) -> [HeaderValue; 2] {
 ///
 /// Everything but the body sits in one boxed [`State`] (reached through `Deref`): each
 /// step takes the exchange by value, and moving a pointer through a dozen steps costs
-/// less than copying some 900 bytes at each (one allocation a request; measured in
-/// benches/README.md, "Request path as layers").
+/// less than copying some 900 bytes at each (measured in benches/README.md, "Request
+/// path as layers"). The box is reused from request to request (`super::state_box`).
 pub(crate) struct Exchange<B, F = Arrived> {
     /// The body.
     pub(crate) body: B,
     /// What the steps so far established.
     pub(crate) facts: F,
     /// What the steps know of the request.
-    pub(crate) state: Box<State>,
+    pub(crate) state: Reused<State>,
 }
 
 /// What `Policy` leaves for `Owners` (cluster mode), with the task it is about.
@@ -207,7 +209,7 @@ impl<B> Exchange<B> {
         Exchange {
             body,
             facts: Arrived,
-            state: Box::new(State::new(head, conn, snap)),
+            state: Reused::new(State::new(head, conn, snap)),
         }
     }
 }
@@ -245,6 +247,11 @@ impl<B, F> Exchange<B, F> {
 
     /// This request answered with `response`.
     pub(crate) fn reply(self, response: Response<ResponseBody>) -> Reply {
+        self.reply_with(response.map(ReplyBody::Boxed))
+    }
+
+    /// [`Self::reply`] with a body not boxed (a Partner's, relayed).
+    pub(crate) fn reply_with(self, response: Response<ReplyBody>) -> Reply {
         Reply {
             response,
             state: self.state,
@@ -259,6 +266,17 @@ impl<B, F> Exchange<B, F> {
             state: self.state,
         };
         (x, self.body)
+    }
+}
+
+thread_local! {
+    static SPARE_STATE: std::cell::Cell<Option<Box<Option<State>>>> =
+        const { std::cell::Cell::new(None) };
+}
+
+impl Spare for State {
+    fn slot() -> &'static std::thread::LocalKey<std::cell::Cell<Option<Box<Option<State>>>>> {
+        &SPARE_STATE
     }
 }
 
@@ -313,9 +331,9 @@ impl State {
 /// A request answered (by the Partner, or by the gateway from its replay buffer).
 pub(crate) struct Reply {
     /// The answer, its body still streaming.
-    pub(crate) response: Response<ResponseBody>,
+    pub(crate) response: Response<ReplyBody>,
     /// What the steps knew of the request (its access log line among it).
-    pub(crate) state: Box<State>,
+    pub(crate) state: Reused<State>,
 }
 
 /// A request refused: the error, and what the steps knew of the request (the id to echo,
@@ -325,7 +343,7 @@ pub(crate) struct Refusal {
     /// What went wrong.
     pub(crate) error: GatewayError,
     /// What the steps knew of the request.
-    pub(crate) state: Box<State>,
+    pub(crate) state: Reused<State>,
 }
 
 impl std::fmt::Debug for Refusal {

@@ -14,8 +14,6 @@ use http::{Request, Response};
 use http_body_util::Full;
 use tower::Service;
 
-use http_body_util::Either;
-
 use super::claim;
 use super::exchange::{Exchange, Handled, Refusal, Reply, State};
 use super::facts::{A2aCall, AipCall, Call, Permitted};
@@ -28,6 +26,7 @@ use crate::jsonrpc::{Command, Method};
 use crate::policy::tasks::PendingClaim;
 use crate::ratelimit::concurrency::InFlightPermit;
 use crate::relay_body::{relay_response, SseTail};
+use crate::reply_body::relay_partner;
 use crate::upstream::HeadFuture;
 
 /// See the module documentation.
@@ -230,9 +229,9 @@ impl Future for Forwarding {
                     };
                     x.log.upstream = Some(started.elapsed());
                     if crate::answer::usual(&resp) {
-                        let resp = resp.map(Either::Left::<_, Full<Bytes>>);
-                        let response = relay(&mut x, resp, in_flight);
-                        return Poll::Ready(Ok(x.reply(response)));
+                        let (idle, tail) = relay_settings(&mut x);
+                        let response = relay_partner(resp, idle, tail, in_flight);
+                        return Poll::Ready(Ok(x.reply_with(response)));
                     }
                     // Read and judged before it is relayed.
                     Box::pin(relay_unusual(x, resp, route, in_flight))
@@ -251,18 +250,24 @@ where
     B::Error: Into<crate::body::BoxError>,
     G: Send + Unpin + 'static,
 {
+    let (idle, tail) = relay_settings(x);
+    relay_response(resp, idle, tail, in_flight)
+}
+
+/// The relay's idle bound, and the tail an event stream gets.
+fn relay_settings(x: &mut Exchange<()>) -> (std::time::Duration, impl FnOnce() -> SseTail + '_) {
     let cfg = &x.state.snap.config;
     let (idle, on_failure) = (
         cfg.upstream.body_idle_timeout,
         cfg.stream.on_upstream_failure,
     );
     let state = &mut *x.state;
-    let tail = || SseTail {
+    let tail = move || SseTail {
         tally: state.log.stream.insert(Arc::default()).clone(),
         id: state.id.clone(),
         on_failure,
     };
-    relay_response(resp, idle, tail, in_flight)
+    (idle, tail)
 }
 
 /// An unusual answer (not 2xx JSON or an event stream): read and judged, then relayed.

@@ -74,6 +74,7 @@ mod read_body;
 mod respond;
 mod route;
 mod sensitive;
+mod state_box;
 pub(crate) mod streams;
 mod strict;
 mod trace;

@@ -99,10 +99,12 @@ impl<F: Future<Output = Handled>> Future for Responding<F> {
         let (response, state) = match outcome {
             Ok(Reply { response, state }) => (response, state),
             Err(Refusal { error, mut state }) => {
-                tracing::debug!(peer = %state.conn.peer, reason = error.reason(), %error, "request refused");
+                // One borrow of the boxed state, so its fields can be borrowed apart.
+                let st = &mut *state;
+                tracing::debug!(peer = %st.conn.peer, reason = error.reason(), %error, "request refused");
                 // An A2A Partner's caller gets the error in A2A's terms (`error::a2a`).
-                let protocol = state.protocol();
-                let (snap, log) = (&state.snap, &mut state.log);
+                let protocol = st.protocol();
+                let (snap, log) = (&st.snap, &mut st.log);
                 let (_, code, reason) = error.classify_for(protocol);
                 log.code = Some(code);
                 log.reason = Some(reason);
@@ -110,7 +112,7 @@ impl<F: Future<Output = Handled>> Future for Responding<F> {
                 if snap.audit.enabled() {
                     let who = crate::audit::Caller {
                         aic: log.aic.as_ref().map(|a| a.as_str().to_owned()),
-                        ip: state.conn.peer.ip(),
+                        ip: st.conn.peer.ip(),
                         method: log.method,
                         partner: log.partner.clone(),
                         task: log.task_id.as_ref().map(|t| t.as_str().to_owned()),
@@ -119,8 +121,8 @@ impl<F: Future<Output = Handled>> Future for Responding<F> {
                     snap.audit.refused(&error, who);
                 }
                 let mode = snap.config.listener.error_status;
-                let response = error.into_response_for(&state.id, mode, protocol);
-                (response.map(full), state)
+                let response = error.into_response_for(&st.id, mode, protocol);
+                (response.map(|b| full(b).into()), state)
             }
         };
         let super::exchange::State {
@@ -130,7 +132,7 @@ impl<F: Future<Output = Handled>> Future for Responding<F> {
             head,
             id,
             ..
-        } = *state;
+        } = state.into_inner();
         let amp = snap
             .amp
             .as_ref()

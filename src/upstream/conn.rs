@@ -3,18 +3,21 @@
 //!
 //! Reads land in a buffer on the thread's stack and only what arrived is copied into the
 //! connection's own buffer, sized to it: a quiet stream's connection holds no read buffer
-//! at all (hyper's client kept 8 KiB for reading and 8 KiB for writing per connection).
+//! beyond that (hyper's client kept 8 KiB for reading and 8 KiB for writing per
+//! connection). A request is written from one buffer, which its response is then read
+//! into ([`Conn::read_into`], up to 4 KiB) and which the connection keeps for its next
+//! request ([`Conn::write_buffer`]).
 
 use std::io;
 use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{ready, Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::BytesMut;
 use rustls::pki_types::ServerName;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_rustls::client::TlsStream;
@@ -29,6 +32,11 @@ use crate::timers::{Deadline, TimedOut};
 
 /// Bytes read from the socket at once (a stack buffer, not kept).
 const READ_CHUNK: usize = 16 * 1024;
+
+/// The largest written request buffer kept to read the response into
+/// ([`Conn::read_into`]): an `rpc`'s head and body are well under it, and a stream's
+/// connection holds no more than this while it is quiet.
+const READ_INTO_MAX: usize = 4 * 1024;
 
 /// Where a connection goes and how it is secured.
 pub(crate) struct Endpoint {
@@ -177,24 +185,27 @@ impl Conn {
         }
     }
 
-    /// Writes a request (its head and body) and flushes it, by the deadline ([`Self::due`]).
-    pub(crate) async fn write(
+    /// Writes a request (its head, then its body) and flushes it, by the deadline
+    /// ([`Self::due`]); `written` counts the bytes written so far, from poll to poll.
+    pub(crate) fn poll_write(
         &mut self,
+        cx: &mut Context<'_>,
         head: &[u8],
         body: &[u8],
-    ) -> Result<io::Result<()>, TimedOut> {
-        let Conn { io, deadline, .. } = self;
-        deadline
-            .bound(async move {
-                match io {
-                    Io::Plain(s) => write_two(s, head, body).await,
-                    Io::Tls(s) => {
-                        write_two(&mut **s, head, body).await?;
-                        s.flush().await
-                    }
-                }
-            })
-            .await
+        written: &mut usize,
+    ) -> Poll<Result<io::Result<()>, TimedOut>> {
+        // The work first, then the deadline, as `Deadline::bound` has it.
+        let done = match &mut self.io {
+            Io::Plain(s) => poll_write_two(s, cx, head, body, written),
+            Io::Tls(s) => match poll_write_two(&mut **s, cx, head, body, written) {
+                Poll::Ready(Ok(())) => Pin::new(&mut **s).poll_flush(cx),
+                other => other,
+            },
+        };
+        if let Poll::Ready(r) = done {
+            return Poll::Ready(Ok(r));
+        }
+        self.deadline.poll_passed(cx).map(|()| Err(TimedOut))
     }
 
     /// [`Self::poll_fill`] by the deadline ([`Self::due`]).
@@ -208,6 +219,30 @@ impl Conn {
         self.deadline.poll_passed(cx).map(|()| Err(TimedOut))
     }
 
+    /// A buffer of `size` bytes to write the next request from: this connection's own
+    /// when its room can be taken back without allocating (nothing read into it is held
+    /// elsewhere any more, or enough is left after it), else a new one. A keep-alive
+    /// connection's requests then take no buffer, and slicing their responses no new
+    /// shared header (the buffer is already shared).
+    pub(crate) fn write_buffer(&mut self, size: usize) -> BytesMut {
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        if buf.capacity() >= size || buf.try_reclaim(size) {
+            return buf;
+        }
+        BytesMut::with_capacity(size)
+    }
+
+    /// Gives the buffer a request was written from (written out) to read its response
+    /// into: the response, usually smaller, then takes no buffer of its own. Kept only
+    /// when nothing is buffered and it is small ([`READ_INTO_MAX`]).
+    pub(crate) fn read_into(&mut self, mut written: BytesMut) {
+        if self.buf.is_empty() && written.capacity() <= READ_INTO_MAX {
+            written.clear();
+            self.buf = written;
+        }
+    }
+
     /// Reads what the socket has into [`Self::buf`]; `Ok(0)` at its end.
     pub(crate) fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         let mut stack = [MaybeUninit::<u8>::uninit(); READ_CHUNK];
@@ -219,8 +254,10 @@ impl Conn {
         match polled {
             Poll::Ready(Ok(())) => {
                 let got = read.filled();
-                if self.buf.is_empty() {
+                if self.buf.is_empty() && self.buf.capacity() < got.len() {
                     // Sized to what arrived; whatever the last response left is let go.
+                    // (Room left is used: a buffer from `read_into`, or the end of the
+                    // last one's, which this buffer holds anyway.)
                     self.buf = BytesMut::from(got);
                 } else {
                     self.buf.extend_from_slice(got);
@@ -260,10 +297,28 @@ impl Conn {
     }
 }
 
-async fn write_two<W: AsyncWrite + Unpin>(w: &mut W, head: &[u8], body: &[u8]) -> io::Result<()> {
-    if body.is_empty() {
-        return w.write_all(head).await;
+/// Writes `head` then `body` from `*written` on, as `write_all_buf` over the two would:
+/// vectored when the writer is.
+fn poll_write_two<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    cx: &mut Context<'_>,
+    head: &[u8],
+    body: &[u8],
+    written: &mut usize,
+) -> Poll<io::Result<()>> {
+    while *written < head.len() + body.len() {
+        let n = match head.get(*written..) {
+            Some(rest) if !rest.is_empty() && !body.is_empty() && w.is_write_vectored() => {
+                let both = [io::IoSlice::new(rest), io::IoSlice::new(body)];
+                ready!(Pin::new(&mut *w).poll_write_vectored(cx, &both))?
+            }
+            Some(rest) if !rest.is_empty() => ready!(Pin::new(&mut *w).poll_write(cx, rest))?,
+            _ => ready!(Pin::new(&mut *w).poll_write(cx, &body[*written - head.len()..]))?,
+        };
+        if n == 0 {
+            return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+        }
+        *written += n;
     }
-    let mut both = bytes::Buf::chain(head, body);
-    w.write_all_buf(&mut both).await
+    Poll::Ready(Ok(()))
 }

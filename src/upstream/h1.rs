@@ -8,7 +8,6 @@
 //! write fails (the Partner closed it while idle) is written once more on a new one;
 //! nothing is retried once written.
 
-use std::future::poll_fn;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -16,17 +15,16 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::{BodyExt, Full};
-
-use tokio::time::Instant;
 
 use super::budget::Budget;
 use super::conn::{Conn, ConnectError, Endpoint};
 use super::idle::Idle;
-use super::wire::{encode_head, parse_head, Decoded, Decoder, Parsed, Truncated, WireError};
+use super::wire::{Decoded, Decoder, Truncated, WireError};
 use crate::timers::TimedOut;
+
+mod send;
+pub(crate) use send::Sending;
 
 /// Request bodies up to this size are copied behind the head and written at once.
 const JOIN_BODY: usize = 16 * 1024;
@@ -84,87 +82,6 @@ impl H1Client {
     pub(crate) fn idle(&self) -> &Arc<Idle> {
         &self.idle
     }
-
-    /// Sends a request, yielding the response once its head is read, all by `deadline`
-    /// (the connection's own timer, moved to it; a new connection's connect too).
-    pub(crate) async fn send(
-        self: Arc<Self>,
-        req: Request<Full<Bytes>>,
-        deadline: Instant,
-    ) -> Result<Response<H1Body>, H1Error> {
-        let (parts, mut body) = req.into_parts();
-        let body = match body.frame().await {
-            Some(Ok(frame)) => frame.into_data().unwrap_or_default(),
-            _ => Bytes::new(),
-        };
-        let to = &self.endpoint;
-        let worker = crate::workers::slot(self.idle.workers());
-        let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        let join = body.len() <= JOIN_BODY;
-        let mut head =
-            Vec::with_capacity(256 + parts.headers.len() * 48 + join as usize * body.len());
-        encode_head(
-            &mut head,
-            &parts.method,
-            target,
-            &to.authority,
-            &parts.headers,
-            body.len(),
-        );
-        let rest: &[u8] = if join {
-            head.extend_from_slice(&body);
-            &[]
-        } else {
-            &body
-        };
-        // A failed write on a reused connection: the Partner closed it while it was idle.
-        let reused = match self.idle.take(worker) {
-            Some(mut conn) => {
-                conn.due(deadline);
-                conn.write(&head, rest).await?.is_ok().then_some(conn)
-            }
-            None => None,
-        };
-        let mut conn = match reused {
-            Some(conn) => conn,
-            None => {
-                let open = Conn::open(to, &self.budget, self.connect_timeout, deadline);
-                let mut conn = tokio::time::timeout_at(deadline, open)
-                    .await
-                    .map_err(|_| H1Error::TimedOut)??;
-                conn.write(&head, rest).await?.map_err(H1Error::Write)?;
-                conn
-            }
-        };
-        drop(head);
-        let head = loop {
-            match parse_head(&mut conn.buf, &parts.method, self.max_head)? {
-                Parsed::Head(head) => break head,
-                Parsed::Informational => continue,
-                Parsed::Partial => {}
-            }
-            let n = poll_fn(|cx| conn.poll_fill_due(cx))
-                .await?
-                .map_err(H1Error::Read)?;
-            if n == 0 {
-                return Err(H1Error::ClosedBeforeHead);
-            }
-        };
-        let mut body = H1Body {
-            conn: Some(conn),
-            decoder: Decoder::new(head.framing),
-            keep_alive: head.keep_alive,
-            home: (self.idle.clone(), worker),
-        };
-        if body.decoder.is_done() {
-            body.finish();
-        }
-        let mut resp = Response::new(body);
-        *resp.status_mut() = head.status;
-        *resp.version_mut() = head.version;
-        *resp.headers_mut() = head.headers;
-        Ok(resp)
-    }
 }
 
 /// Why a response body broke off.
@@ -203,6 +120,8 @@ impl H1Body {
     fn finish(&mut self) {
         if let Some(conn) = self.conn.take() {
             if self.keep_alive && conn.buf.is_empty() {
+                // Idle, it keeps its (empty) buffer for the next request to be written
+                // from (`Conn::write_buffer`).
                 let (idle, worker) = &self.home;
                 idle.put(*worker, conn);
             }

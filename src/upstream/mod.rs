@@ -48,7 +48,7 @@ pin_project_lite::pin_project! {
     /// (a timer per request: its connection carries many at once).
     #[project = HeadProj]
     pub(crate) enum HeadFuture {
-        H1 { sending: Pin<Box<dyn Future<Output = Result<Response<H1Body>, H1Error>> + Send>> },
+        H1 { sending: h1::Sending },
         H2 { #[pin] sending: tokio::time::Timeout<hyper_util::client::legacy::ResponseFuture> },
         /// After a connection cut for its Partner's revocation is gone (`upstream::trust`).
         H2After { #[pin] sending: tokio::time::Timeout<H2Resend> },
@@ -69,7 +69,7 @@ impl Future for HeadFuture {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<HeadOutcome> {
         match self.project() {
-            HeadProj::H1 { sending } => sending.as_mut().poll(cx).map(|r| match r {
+            HeadProj::H1 { sending } => Pin::new(sending).poll(cx).map(|r| match r {
                 Ok(resp) => Ok(resp.map(Either::Left)),
                 Err(H1Error::TimedOut) => Err(SendError::TimedOut),
                 Err(e) => Err(SendError::H1(e)),

@@ -82,7 +82,7 @@ impl Origin {
     pub(crate) fn request(&self, req: Request<Full<Bytes>>, timeout: Duration) -> HeadFuture {
         match self {
             Origin::H1(c) => HeadFuture::H1 {
-                sending: Box::pin(c.clone().send(req, tokio::time::Instant::now() + timeout)),
+                sending: c.clone().send(req, tokio::time::Instant::now() + timeout),
             },
             Origin::H2(clients, watch) => {
                 let client = &clients[crate::workers::slot(clients.len())];

@@ -10,7 +10,7 @@
 //! `Content-Length`, a coding other than `chunked`, differing lengths, a bare LF in
 //! chunked framing: each is refused, never guessed.
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
 
@@ -36,19 +36,19 @@ pub(crate) enum WireError {
 /// Writes a request head (`content-length` framing; the caller's `host`,
 /// `content-length`, `transfer-encoding` and `connection` fields are replaced).
 pub(crate) fn encode_head(
-    out: &mut Vec<u8>,
+    out: &mut impl BufMut,
     method: &Method,
     target: &str,
     host: &str,
     headers: &HeaderMap,
     content_length: usize,
 ) {
-    out.extend_from_slice(method.as_str().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(if target.is_empty() { "/" } else { target }.as_bytes());
-    out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
-    out.extend_from_slice(host.as_bytes());
-    out.extend_from_slice(b"\r\n");
+    out.put_slice(method.as_str().as_bytes());
+    out.put_u8(b' ');
+    out.put_slice(if target.is_empty() { "/" } else { target }.as_bytes());
+    out.put_slice(b" HTTP/1.1\r\nhost: ");
+    out.put_slice(host.as_bytes());
+    out.put_slice(b"\r\n");
     for (name, value) in headers {
         if name == http::header::HOST
             || name == CONTENT_LENGTH
@@ -57,14 +57,14 @@ pub(crate) fn encode_head(
         {
             continue;
         }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        out.put_slice(name.as_str().as_bytes());
+        out.put_slice(b": ");
+        out.put_slice(value.as_bytes());
+        out.put_slice(b"\r\n");
     }
-    out.extend_from_slice(b"content-length: ");
-    out.extend_from_slice(itoa::Buffer::new().format(content_length).as_bytes());
-    out.extend_from_slice(b"\r\n\r\n");
+    out.put_slice(b"content-length: ");
+    out.put_slice(itoa::Buffer::new().format(content_length).as_bytes());
+    out.put_slice(b"\r\n\r\n");
 }
 
 /// A response head read.
@@ -100,10 +100,26 @@ pub(crate) enum Parsed {
 
 /// Parses (and takes from `buf`) a response head to a request of `method`; heads longer
 /// than `max` bytes are refused. Field values are slices of the head, not copies.
+/// (The client uses [`parse_head_into`].)
+#[cfg(any(test, feature = "test-util"))]
 pub(crate) fn parse_head(
     buf: &mut BytesMut,
     method: &Method,
     max: usize,
+) -> Result<Parsed, WireError> {
+    parse_head_into(buf, method, max, &mut HeaderMap::new())
+}
+
+/// [`parse_head`], the head's fields put in `map` (emptied first), which the head
+/// then takes. The client passes the map its request was written from: the response
+/// then needs no map of its own (two allocations per request), and the map goes on
+/// (hyper's HTTP/1.1 server keeps a response's map for the next request's head) with
+/// room for the gateway's headers already made.
+pub(crate) fn parse_head_into(
+    buf: &mut BytesMut,
+    method: &Method,
+    max: usize,
+    map: &mut HeaderMap,
 ) -> Result<Parsed, WireError> {
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut res = httparse::Response::new(&mut fields);
@@ -143,7 +159,9 @@ pub(crate) fn parse_head(
     let head = buf.split_to(len).freeze();
     // Room for one more: the response is passed on with this map, and hyper's HTTP/2
     // server looks its `content-length` up with `entry`, which grows a full map.
-    let mut headers = HeaderMap::with_capacity(spans.len() + 1);
+    let mut headers = std::mem::take(map);
+    headers.clear();
+    headers.reserve(spans.len() + 1);
     let mut framing = FramingFields::new(version);
     for (n, nl, v, vl) in spans {
         let name =

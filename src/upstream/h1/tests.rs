@@ -7,7 +7,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 use super::*;
-use http::Uri;
+use http::{Request, Uri};
+use http_body_util::{BodyExt, Full};
+use tokio::time::Instant;
 
 /// What the Partner does with one request.
 #[derive(Clone)]
