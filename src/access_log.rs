@@ -2,6 +2,7 @@
 //! ([`RequestLog`]) and written once, when the response body ends ([`AccessLog`]'s drop),
 //! so a stream's line has its whole duration, events, bytes and outcome.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -72,9 +73,12 @@ pub(crate) struct RequestLog {
 /// A finished request's line and metrics, written on drop.
 pub(crate) struct AccessLog {
     pub(crate) log: RequestLog,
-    /// The connection: the client's address (and its text, made once per connection),
-    /// the key exchange group and cipher suite.
-    pub(crate) conn: Arc<crate::layers::ConnInfo>,
+    pub(crate) peer: SocketAddr,
+    /// The client's address as text, made once per connection (the `x-forwarded-for`
+    /// value): a request's span names it without formatting it again.
+    pub(crate) peer_ip: http::HeaderValue,
+    /// The connection's key exchange group and cipher suite.
+    pub(crate) tls: crate::tls::provider::Negotiated,
     pub(crate) metrics: Arc<crate::metrics::Metrics>,
     pub(crate) started: Instant,
     pub(crate) status: u16,
@@ -146,7 +150,7 @@ impl AccessLog {
             partner: l.partner.as_deref(),
             task_id: text(l.task_id.as_ref()),
             session_id: text(l.session_id.as_ref()),
-            peer: self.conn.peer_ip(),
+            peer: self.peer_ip.to_str().unwrap_or(""),
             status: self.status,
             code,
             reason,
@@ -185,7 +189,7 @@ impl Drop for AccessLog {
                 status: self.status,
                 bytes_out: self.bytes_out,
                 caller_aic: l.aic.as_ref().map(|a| a.as_str()),
-                caller_ip: self.conn.peer.ip(),
+                caller_ip: self.peer.ip(),
                 partner: l.partner.as_deref(),
                 code,
                 reason,
@@ -217,9 +221,9 @@ impl AccessLog {
         let events = l.stream.as_ref().map_or(0, |t| t.events());
         tracing::info!(
             target: "aipgw::access",
-            peer = %self.conn.peer,
-            tls_group = self.conn.tls.group,
-            tls_suite = self.conn.tls.suite,
+            peer = %self.peer,
+            tls_group = self.tls.group,
+            tls_suite = self.tls.suite,
             aic = %aic,
             partner,
             method,

@@ -56,12 +56,6 @@ impl ConnInfo {
             tls: Default::default(),
         }
     }
-
-    /// The client's address as text (the `x-forwarded-for` value made once per
-    /// connection): a request's span names it without formatting it again.
-    pub(crate) fn peer_ip(&self) -> &str {
-        self.forwarded[0].to_str().unwrap_or("")
-    }
 }
 
 impl ConnInfo {

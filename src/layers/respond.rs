@@ -142,7 +142,9 @@ impl<F: Future<Output = Handled>> Future for Responding<F> {
         let streamed = log.stream.is_some() && is_event_stream(response.headers());
         let access = AccessLog {
             log,
-            conn,
+            peer: conn.peer,
+            peer_ip: conn.forwarded[0].clone(),
+            tls: conn.tls,
             metrics: snap.metrics.clone(),
             started: *this.started,
             status,
