@@ -611,19 +611,21 @@ def report_paired(rows, scale):
     apart at most, and the median of the per-round ratios moves less with this machine's
     drift than the ratio of the two medians. The spread (lowest and highest round) is
     printed with it."""
-    base = rows.get("aipgw")
-    if not base:
-        return
-    for name, rs in rows.items():
-        if not name.startswith("aipgw+"):
+    for base_name in ("aipgw", "aipgw+off"):
+        base = rows.get(base_name)
+        if not base:
             continue
-        ratios = sorted(
-            (r["ok"] / r["cpu"]) / (b["ok"] / b["cpu"])
-            for r, b in zip(rs, base) if r["cpu"] and b["cpu"] and b["ok"]
-        )
-        if ratios:
-            print(f"\n{name} / aipgw per CPU-second, round by round: median {statistics.median(ratios):.3f}x "
-                  f"(lowest {ratios[0]:.3f}x, highest {ratios[-1]:.3f}x, {len(ratios)} rounds)")
+        for name, rs in rows.items():
+            if not name.startswith("aipgw+") or name == base_name:
+                continue
+            ratios = sorted(
+                (r["ok"] / r["cpu"]) / (b["ok"] / b["cpu"])
+                for r, b in zip(rs, base) if r["cpu"] and b["cpu"] and b["ok"]
+            )
+            if ratios:
+                print(f"\n{name} / {base_name} per CPU-second, round by round: median "
+                      f"{statistics.median(ratios):.3f}x (lowest {ratios[0]:.3f}x, highest {ratios[-1]:.3f}x, "
+                      f"{len(ratios)} rounds)")
 
 
 def report_fleet(per_cpu, sizes):
@@ -722,7 +724,7 @@ ocsp_url = "http://127.0.0.1:{ocsp_port}/"
     return [crl, ocsp]
 
 
-OTLP_ARMS = ("live", "dead", "bigq", "drain", "audit")
+OTLP_ARMS = ("live", "dead", "bigq", "drain", "audit", "off")
 
 
 def start_otlp(d, proxies, arms=OTLP_ARMS):
@@ -750,6 +752,12 @@ printed at the end."""
         toml = (f'\n[tracing]\notlp_endpoint = "http://127.0.0.1:{port()}"\nsample_ratio = 1.0\n'
                 f'queue_size = {queue}\n')
         proxies.append((label, str(RELEASE / "aipgw"), toml))
+    if "off" in arms:
+        # The same binary with both off again, started after the others: how far two
+        # identical arms of one run differ (a first-started gateway has measured a few
+        # percent below an identical one started later), and a second base to hold the
+        # others against.
+        proxies.append(("aipgw+off", str(RELEASE / "aipgw"), ""))
     if "audit" not in arms:
         return receivers
     # Issue 34's figure: tracing at ratio 1.0 (every span exported, nothing dropped) and

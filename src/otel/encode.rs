@@ -7,10 +7,10 @@
 //! still in the cache. Building the `opentelemetry-proto` structs first (an owned
 //! `String` per attribute key and value, a `Vec` per id, about 60 allocations per request)
 //! then encoding them cost 0.85x-0.86x of the export-off keep-alive figure
-//! (benches/README.md, "Tracing export"). Here a span is written into a scratch buffer,
-//! then appended with its length prefix to the batch's span bytes, which start with room
-//! for the request's head: [`Encoder::finish`] writes the head into that room and hands
-//! the very buffer over as the request body, without copying the spans again. The field
+//! (benches/README.md, "Tracing export"). Here a span is written straight into the
+//! batch's bytes, behind two bytes left for its length (filled in after it); the batch's
+//! bytes start with room for the request's head: [`Encoder::finish`] writes the head into
+//! that room and hands the very buffer over as the request body, nothing copied. The field
 //! numbers are those of opentelemetry-proto's `trace.proto`, `common.proto` and
 //! `trace_service.proto`; a differential test (below) checks that the bytes decode to
 //! exactly the struct-built request for records with every field set and unset.
@@ -25,15 +25,13 @@ const KIND_CLIENT: u64 = 3;
 /// `Status.code`: `STATUS_CODE_ERROR`.
 const STATUS_ERROR: u64 = 2;
 
-/// A batch being written: the constant head of every export request, the scratch span
-/// and the batch's span bytes.
+/// A batch being written: the constant head of every export request and the batch's
+/// span bytes.
 pub(super) struct Encoder {
     /// `ResourceSpans.resource` as a whole field (key, length, message).
     resource: Vec<u8>,
     /// `ScopeSpans.scope` as a whole field.
     scope: Vec<u8>,
-    /// One span being written.
-    scratch: Vec<u8>,
     /// [`Encoder::room`] bytes for the head, then the batch's spans, each as a
     /// `ScopeSpans.spans` field; empty (no allocation) until the batch's first span.
     spans: Vec<u8>,
@@ -58,7 +56,6 @@ impl Encoder {
         Encoder {
             resource: r,
             scope: s,
-            scratch: Vec::new(),
             spans: Vec::new(),
             next_capacity: 0,
             count: 0,
@@ -70,6 +67,17 @@ impl Encoder {
     /// (a length at most 10 bytes) with the resource and scope.
     fn room(&self) -> usize {
         5 + 2 * (1 + 10) + self.resource.len() + self.scope.len()
+    }
+
+    /// No span written since the last [`Encoder::finish`], and no buffer taken yet.
+    pub(super) fn unstarted(&self) -> bool {
+        self.spans.capacity() == 0
+    }
+
+    /// Starts the next batch in `buf` (a sent batch's, emptied) instead of a new buffer.
+    pub(super) fn start_in(&mut self, mut buf: Vec<u8>) {
+        buf.clear();
+        self.spans = buf;
     }
 
     /// Adds a finished request's spans (the client span first, as the struct-built
@@ -84,16 +92,14 @@ impl Encoder {
         let status = f.error.then_some(f.reason);
         let name = f.method.unwrap_or("aip.request");
         if let Some((id, start)) = f.client {
-            self.scratch.clear();
-            let s = &mut self.scratch;
+            let (s, at) = self.open();
             span_head(s, &f.trace, &id, Some(&f.server), name, KIND_CLIENT);
             times(s, start, f.end);
             common(s, f);
             span_tail(s, status, f.sampled);
-            self.append();
+            self.close(at);
         }
-        self.scratch.clear();
-        let s = &mut self.scratch;
+        let (s, at) = self.open();
         span_head(s, &f.trace, &f.server, f.parent.as_ref(), name, KIND_SERVER);
         times(s, f.start, f.end);
         common(s, f);
@@ -109,7 +115,7 @@ impl Encoder {
         }
         kv_int(s, "http.response.status_code", i64::from(f.status));
         span_tail(s, status, f.sampled);
-        self.append();
+        self.close(at);
     }
 
     /// Spans added since the last [`Encoder::finish`].
@@ -155,10 +161,33 @@ impl Encoder {
         Ok(bytes::Bytes::from(buf).slice(start..))
     }
 
-    /// The scratch span, appended to the batch as a `ScopeSpans.spans` field.
-    fn append(&mut self) {
-        field_len(&mut self.spans, 2, self.scratch.len());
-        self.spans.extend_from_slice(&self.scratch);
+    /// Starts a span as a `ScopeSpans.spans` field: its key, and two bytes for its length
+    /// (a span's length is 128 to 16,383 bytes but for odd ones), filled in by
+    /// [`Encoder::close`]; the span is written after them, where it stays (no scratch
+    /// buffer to copy it from).
+    fn open(&mut self) -> (&mut Vec<u8>, usize) {
+        field_key(&mut self.spans, 2, LEN);
+        let at = self.spans.len();
+        self.spans.extend_from_slice(&[0, 0]);
+        (&mut self.spans, at)
+    }
+
+    /// Writes the length of the span started at `at` (its two bytes' room moved to fit a
+    /// length of another size).
+    fn close(&mut self, at: usize) {
+        let len = self.spans.len() - at - 2;
+        if (128..16_384).contains(&len) {
+            #[expect(clippy::cast_possible_truncation, reason = "the low seven bits")]
+            let low = (len as u8 & 0x7f) | 0x80;
+            #[expect(clippy::cast_possible_truncation, reason = "below 128")]
+            let high = (len >> 7) as u8;
+            self.spans[at] = low;
+            self.spans[at + 1] = high;
+        } else {
+            let mut prefix = Vec::with_capacity(10);
+            varint(&mut prefix, len as u64);
+            self.spans.splice(at..at + 2, prefix);
+        }
         self.count += 1;
     }
 }

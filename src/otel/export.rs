@@ -116,9 +116,11 @@ impl Exporter {
     /// One export request, its spans counted.
     async fn send(&mut self, batch: Batch) {
         let n = batch.spans;
+        let body = batch.body.clone();
         let result = tokio::time::timeout(self.timeout, self.post(batch.body))
             .await
             .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within tracing.timeout")));
+        self.shared.recycle(body);
         match result {
             Ok(()) => {
                 self.shared.counts.exported.inc_by(n);
