@@ -635,7 +635,7 @@ def report_paired(rows, scale):
             continue
         ratios = sorted(eff(r) / ((eff(a) + eff(b)) / 2) for r, a, b in zip(rs, first, last) if eff(a) + eff(b))
         if ratios:
-            print(f"\n{name} / the mean of aipgw and aipgw+off (started first and last), round by round: median "
+            print(f"\n{name} / the mean of aipgw and aipgw+off (first and last in the list), round by round: median "
                   f"{statistics.median(ratios):.3f}x (lowest {ratios[0]:.3f}x, highest {ratios[-1]:.3f}x)")
 
 
@@ -773,11 +773,11 @@ printed at the end."""
                         f'queue_size = {1 << 20}\n\n[audit]\nfile = "{d / "audit.log"}"\nkey = "{key}"\n'
                         'aic = "10001000011K9DX1GW14X1VSP2QQNG44"\n'))
     if "off" in arms:
-        # The same binary with both off again, started last: the arms between it and
-        # `aipgw` (started first) are held against both. Identical gateways started one
-        # after another have measured higher the later they started (up to 7% over five
-        # in one run, benches/README.md, "Tracing export"): against the mean of the two,
-        # an arm started between them is compared without that drift.
+        # The same binary with both off again, last in the list: the arms between it and
+        # `aipgw` (first) are held against both. Identical gateways have measured higher
+        # the later they stand in the list (up to 7% over five in one run; not by the
+        # order of starting: benches/README.md, "Tracing export"): against the mean of
+        # the two, an arm between them is compared without that drift.
         proxies.append(("aipgw+off", str(RELEASE / "aipgw"), ""))
     return receivers
 
