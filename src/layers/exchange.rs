@@ -241,7 +241,7 @@ impl<B, F> Exchange<B, F> {
 
     /// This request answered with `response`.
     pub(crate) fn reply(self, response: Response<ResponseBody>) -> Reply {
-        self.reply_with(response.map(ReplyBody::Boxed))
+        self.reply_with(response.map(http_body_util::Either::Right))
     }
 
     /// [`Self::reply`] with a body not boxed (a Partner's, relayed).

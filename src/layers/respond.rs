@@ -122,7 +122,10 @@ impl<F: Future<Output = Handled>> Future for Responding<F> {
                 }
                 let mode = snap.config.listener.error_status;
                 let response = error.into_response_for(&st.id, mode, protocol);
-                (response.map(|b| full(b).into()), state)
+                (
+                    response.map(|b| http_body_util::Either::Right(full(b))),
+                    state,
+                )
             }
         };
         let super::exchange::State {
