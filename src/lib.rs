@@ -159,6 +159,7 @@ pub mod identity;
 pub(crate) mod inspect;
 pub mod jsonrpc;
 pub mod layers;
+pub mod leader_body;
 pub(crate) mod metrics;
 pub mod otel;
 pub(crate) mod outcome;

@@ -5,10 +5,8 @@
 //! later is one compare-and-swap, and the wheel re-files it when the old deadline comes.
 //! So the hot path keeps its timers and moves them:
 //! - [`Deadline`]: one timer kept by whatever carries one request at a time (a Partner
-//!   connection, for `upstream.response_timeout`), set to each request's deadline.
-//! - [`HeadTimer`]: hyper's timer for one HTTP/1.1 client connection: the header-read
-//!   bound (`listener.header_read_timeout`) moves one kept timer instead of creating,
-//!   registering and cancelling one per keep-alive request.
+//!   connection, for `upstream.response_timeout`; a client's HTTP/1.1 connection, for
+//!   its header bound and its release delay), set to each request's deadline.
 //! - [`bounded`]: a bound armed only if the work is not done at its first poll (a request
 //!   body usually is: it came with the head).
 //!
@@ -17,7 +15,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
@@ -114,75 +111,9 @@ impl<F: Future> Future for Bounded<F> {
     }
 }
 
-/// hyper's timer for one HTTP/1.1 connection (`http1::Builder::timer`), made for its
-/// header-read bound: hyper asks for a new sleep for every request head; each one here
-/// moves the connection's one timer to its deadline.
-///
-/// hyper holds one such sleep at a time per connection (it drops the last before asking
-/// for the next), which is what sharing one timer needs; a second sleep would move the
-/// timer too, and each sleep completes only once its own deadline has passed, so sharing
-/// can delay neither's end past its deadline by more than a re-arm.
-#[derive(Clone, Debug)]
-pub(crate) struct HeadTimer {
-    shared: Arc<Mutex<Deadline>>,
-}
-
-impl HeadTimer {
-    /// A timer for one connection. Needs a tokio runtime.
-    pub(crate) fn new() -> HeadTimer {
-        // Not registered until a sleep is polled; `far` is only its first deadline.
-        let far = Instant::now() + Duration::from_secs(86_400);
-        HeadTimer {
-            shared: Arc::new(Mutex::new(Deadline::new(far))),
-        }
-    }
-}
-
-impl hyper::rt::Timer for HeadTimer {
-    fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        self.sleep_until(self.now() + duration)
-    }
-
-    fn sleep_until(&self, deadline: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        Box::pin(HeadSleep {
-            shared: self.shared.clone(),
-            at: Instant::from_std(deadline),
-        })
-    }
-
-    /// tokio's clock, so a test that pauses it controls this timer too.
-    fn now(&self) -> std::time::Instant {
-        Instant::now().into_std()
-    }
-
-    fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, new_deadline: std::time::Instant) {
-        *sleep = self.sleep_until(new_deadline);
-    }
-}
-
-/// One of [`HeadTimer`]'s sleeps: the connection's timer, moved to this deadline.
-struct HeadSleep {
-    shared: Arc<Mutex<Deadline>>,
-    at: Instant,
-}
-
-impl Future for HeadSleep {
-    type Output = ();
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let mut timer = crate::sync::lock(&self.shared);
-        timer.set(self.at);
-        // Ready here means this deadline passed (the timer was just set to it).
-        timer.poll_passed(cx)
-    }
-}
-
-impl hyper::rt::Sleep for HeadSleep {}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hyper::rt::Timer;
 
     const MS: Duration = Duration::from_millis(1);
 
@@ -230,31 +161,5 @@ mod tests {
         let quick = bounded(200 * MS, tokio::time::sleep(150 * MS)).await;
         assert_eq!(quick, Ok(()));
         assert_eq!(Instant::now() - start, 350 * MS);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn head_timer_sleeps_end_at_their_own_deadlines_on_one_timer() {
-        let t = HeadTimer::new();
-        let start = Instant::now();
-        // One sleep per request head, as hyper asks: each ends at its own deadline.
-        for (i, ms) in [100u32, 300, 50].into_iter().enumerate() {
-            let sleep = t.sleep(ms * MS);
-            sleep.await;
-            let elapsed = Instant::now() - start;
-            let want: u32 = [100u32, 300, 50][..=i].iter().sum();
-            assert_eq!(elapsed, want * MS);
-        }
-        // A sleep dropped early (the head arrived) leaves the next one its own deadline.
-        let mut early = t.sleep(1000 * MS);
-        assert!(poll_once(&mut early).is_pending());
-        drop(early);
-        let next = t.sleep(40 * MS);
-        next.await;
-        assert_eq!(Instant::now() - start, 490 * MS);
-        // hyper's reset gives a sleep a new deadline.
-        let mut s = t.sleep(10 * MS);
-        t.reset(&mut s, t.now() + 70 * MS);
-        s.await;
-        assert_eq!(Instant::now() - start, 560 * MS);
     }
 }

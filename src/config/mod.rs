@@ -150,6 +150,10 @@ pub struct ListenerConfig {
     /// An idle HTTP/1.1 connection lets go of its HTTP buffers after this long (`0`:
     /// never); see [`raw::RawListener::idle_release_after`].
     pub idle_release_after: Duration,
+    /// The most bytes of an HTTP/1.1 request head.
+    pub max_head_bytes: usize,
+    /// The most header fields in an HTTP/1.1 request head.
+    pub max_headers: usize,
     /// The HTTP status of the gateway's JSON-RPC errors: `mapped` or `ok` (200).
     pub error_status: raw::ErrorStatus,
     /// TLS sessions remembered for resumption (TLS 1.3 tickets naming a server-side

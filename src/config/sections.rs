@@ -58,6 +58,15 @@ impl TryFrom<raw::RawListener> for ListenerConfig {
         at_least_one("listener.max_connections", l.max_connections)?;
         at_least_one("listener.max_handshakes_per_ip", l.max_handshakes_per_ip)?;
         at_least_one("listener.max_connections_per_ip", l.max_connections_per_ip)?;
+        if !(1024..=1024 * 1024).contains(&l.max_head_bytes) {
+            bail!("listener.max_head_bytes: must be between 1024 and 1048576");
+        }
+        if !(1..=crate::server::MAX_HEADERS).contains(&l.max_headers) {
+            bail!(
+                "listener.max_headers: must be between 1 and {}",
+                crate::server::MAX_HEADERS
+            );
+        }
         if l.http2_max_concurrent_streams == 0 {
             bail!("listener.http2_max_concurrent_streams: must be at least 1");
         }
@@ -83,6 +92,8 @@ impl TryFrom<raw::RawListener> for ListenerConfig {
             drain_timeout: l.drain_timeout,
             drain_idle_grace: l.drain_idle_grace,
             idle_release_after: l.idle_release_after,
+            max_head_bytes: l.max_head_bytes,
+            max_headers: l.max_headers,
             error_status: l.error_status,
             tls_session_cache: l.tls_session_cache,
             verdict_cache: l.verdict_cache,

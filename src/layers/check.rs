@@ -110,6 +110,12 @@ impl RefusalBody for Bytes {
     }
 }
 
+impl RefusalBody for crate::leader_body::RequestBody {
+    fn refuse<K, N>(x: Exchange<Self, K>, refuse: Refuse) -> Handing<N> {
+        refuse_stream(x, refuse)
+    }
+}
+
 impl RefusalBody for hyper::body::Incoming {
     fn refuse<K, N>(x: Exchange<Self, K>, refuse: Refuse) -> Handing<N> {
         refuse_stream(x, refuse)

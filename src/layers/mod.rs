@@ -101,6 +101,7 @@ use respond::RespondLayer;
 
 pub use crate::access_log::Logged;
 use crate::gateway::Gateway;
+use crate::leader_body::RequestBody;
 
 /// The whole request path for one connection, as hyper (through `service_fn` or
 /// `TowerToHyperService`) or any tower server takes it.
@@ -130,9 +131,33 @@ impl<T> RequestPath for T where
 {
 }
 
+/// [`RequestPath`] for the requests of an HTTP/1.1 connection the gateway serves with
+/// its own server (their bodies: [`RequestBody`]) as well as hyper's.
+pub trait LeaderPath:
+    RequestPath
+    + Service<
+        Request<RequestBody>,
+        Response = Response<Logged>,
+        Error = Infallible,
+        Future: Send + 'static,
+    >
+{
+}
+
+impl<T> LeaderPath for T where
+    T: RequestPath
+        + Service<
+            Request<RequestBody>,
+            Response = Response<Logged>,
+            Error = Infallible,
+            Future: Send + 'static,
+        >
+{
+}
+
 /// The gateway's request path for one connection to `gateway`, ending in the Partner
 /// call.
-pub fn stack(gateway: Arc<Gateway>, conn: Arc<ConnInfo>) -> impl RequestPath {
+pub fn stack(gateway: Arc<Gateway>, conn: Arc<ConnInfo>) -> impl LeaderPath {
     build(gateway, conn, Forward)
 }
 
@@ -148,7 +173,7 @@ where
 
 /// The steps in the order a request meets them, ending in `last`. Each step's type says
 /// which facts it needs (`facts`): reordering them is a compile error.
-fn build<S>(gateway: Arc<Gateway>, conn: Arc<ConnInfo>, last: S) -> impl RequestPath
+fn build<S>(gateway: Arc<Gateway>, conn: Arc<ConnInfo>, last: S) -> impl LeaderPath
 where
     S: Service<Exchange<Bytes, Permitted>, Response = Reply, Error = Refusal>
         + Clone

@@ -2,8 +2,8 @@
 //! identity once, HTTP/1.1 or HTTP/2 by ALPN, the idle and drain watchers, and what a
 //! connection-level protocol error is counted as.
 
+use super::h1;
 use super::idle::{Activity, ActivityGuard, Asked};
-use super::park::{Parkable, Parking};
 use super::*;
 use crate::identity::Aic;
 
@@ -59,25 +59,35 @@ pub(super) async fn serve_connection(
     // The request path (`crate::layers`), built once for this connection, ending in
     // the Partner call.
     let stack = layers::stack(gateway, conn.clone());
-    let svc = requests(stack, &activity, conn, verified, h2);
-    let (why, ended) = if h2 {
+    let (why, failure) = if h2 {
+        let svc = requests(stack, &activity, conn, verified, h2);
         let io = TokioIo::new(tls);
         let mut b = http2::Builder::new(TokioExecutor::new());
         b.timer(TokioTimer::new())
             .max_concurrent_streams(l.http2_max_concurrent_streams)
             .keep_alive_interval(Some(l.idle_timeout))
             .keep_alive_timeout(l.http2_keepalive_timeout);
-        drive(b.serve_connection(io, svc), &activity, bounds, drain).await
+        let (why, ended) = drive(b.serve_connection(io, svc), &activity, bounds, drain).await;
+        let failure = ended.err().map(|e| Failure {
+            malformed: protocol_error(&e).map(|r| (r, 0)),
+            text: e.to_string(),
+        });
+        (why, failure)
     } else {
-        let io = Parkable::new(
-            tls,
-            activity.clone(),
-            l.idle_release_after,
-            l.header_read_timeout,
-        );
-        let released = metrics.released_connections.clone();
-        let conn = Parking::new(http1_builder(&l), io, svc, released);
-        drive(conn, &activity, bounds, drain).await
+        let svc = requests(stack, &activity, conn, verified, h2);
+        let settings = h1::Settings {
+            header_read: l.header_read_timeout,
+            release_after: l.idle_release_after,
+            limits: l.head_limits,
+        };
+        let released = Some(metrics.released_connections.clone());
+        let conn = h1::Conn::new(tls, svc, settings, released);
+        let (why, ended) = drive(conn, &activity, bounds, drain).await;
+        let failure = ended.err().map(|e| Failure {
+            malformed: e.malformed(),
+            text: e.to_string(),
+        });
+        (why, failure)
     };
     // Counted here, not on the request path: hyper may end an HTTP/1.1 connection with
     // `Connection: close` before `drive` sees the ask.
@@ -86,19 +96,16 @@ pub(super) async fn serve_connection(
     } else if why == Some(Why::Idle) && !verified {
         closed(&metrics, "unverified_idle");
     }
-    if let Err(e) = ended {
-        ended_with_error(&metrics, peer, aic.as_ref(), &e);
+    if let Some(f) = failure {
+        ended_with_error(&metrics, peer, aic.as_ref(), &f);
     }
 }
 
-/// hyper's HTTP/1.1 connections for one client connection (a new one after each release,
-/// `park`): the header-read bound on one kept timer, keep-alive.
-fn http1_builder(l: &ConnSettings) -> http1::Builder {
-    let mut b = http1::Builder::new();
-    b.timer(HeadTimer::new())
-        .header_read_timeout(l.header_read_timeout)
-        .keep_alive(true);
-    b
+/// How a connection ended, when not cleanly: the client's malformed HTTP (its reason and
+/// the status it was answered with), or anything else (`malformed: None`).
+struct Failure {
+    malformed: Option<(&'static str, u16)>,
+    text: String,
 }
 
 /// Counts the connection open (its worker's count, then the total) until the guard goes
@@ -189,14 +196,21 @@ fn no_shared_group(e: &std::io::Error) -> bool {
 /// The connection's requests: each through `stack`, counted active until its response
 /// body ends; on a connection unverified at its handshake, a refusal's answer is its
 /// last.
-fn requests(
-    stack: impl layers::RequestPath,
+fn requests<RB: hyper::body::Body + Send + 'static>(
+    stack: impl tower::Service<
+            http::Request<RB>,
+            Response = http::Response<crate::access_log::Logged>,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static,
     activity: &Arc<Activity>,
     conn: Arc<ConnInfo>,
     verified: bool,
     h2: bool,
 ) -> impl hyper::service::Service<
-    http::Request<hyper::body::Incoming>,
+    http::Request<RB>,
     Response = http::Response<Held<crate::access_log::Logged, ActivityGuard>>,
     Error = Infallible,
     Future: Send,
@@ -231,24 +245,18 @@ fn requests(
     })
 }
 
-/// A connection that hyper ended with an error: malformed HTTP is counted by reason and
+/// A connection that ended with an error: malformed HTTP is counted by reason and
 /// written to the access log (so an audit sees every refused request); anything else is
 /// a debug line.
-fn ended_with_error(metrics: &Metrics, peer: SocketAddr, aic: Option<&Aic>, e: &hyper::Error) {
-    let Some(reason) = protocol_error(e) else {
-        tracing::debug!(%peer, error = %e, "connection ended with an error");
+fn ended_with_error(metrics: &Metrics, peer: SocketAddr, aic: Option<&Aic>, f: &Failure) {
+    let Some((reason, status)) = f.malformed else {
+        tracing::debug!(%peer, error = %f.text, "connection ended with an error");
         return;
     };
     metrics
         .http_errors
         .get_or_create(&ReasonLabels { reason })
         .inc();
-    let status: u16 = match reason {
-        "head_too_large" => 431,
-        "uri_too_long" => 414,
-        "http2_protocol" => 0,
-        _ => 400,
-    };
     let aic = aic.map_or("", |a| a.as_str());
     tracing::info!(
         target: "aipgw::access",
@@ -256,42 +264,15 @@ fn ended_with_error(metrics: &Metrics, peer: SocketAddr, aic: Option<&Aic>, e: &
         aic,
         status,
         reason,
-        error = %e,
+        error = %f.text,
         "malformed HTTP refused"
     );
 }
 
-/// The reason label of a connection's error when it is the client's malformed HTTP
-/// (answered by hyper itself: 400, 414 or 431 on HTTP/1.1, a GOAWAY on HTTP/2), `None`
-/// for anything else (a client gone, a timeout, an I/O error).
+/// The reason label of an HTTP/2 connection's error when it is the client's malformed
+/// HTTP/2 (answered with a GOAWAY), `None` for anything else (a client gone, a timeout,
+/// an I/O error). (HTTP/1.1 is the gateway's own server: `h1::H1Error::malformed`.)
 pub(super) fn protocol_error(e: &hyper::Error) -> Option<&'static str> {
-    if e.is_parse_too_large() {
-        return Some(if e.to_string().contains("URI") {
-            "uri_too_long"
-        } else {
-            "head_too_large"
-        });
-    }
-    if e.is_parse() {
-        // hyper names the kind of a parse error only in its message.
-        let text = e.to_string();
-        let reason = if text.contains("content-length") {
-            "bad_content_length"
-        } else if text.contains("transfer-encoding") {
-            "bad_transfer_encoding"
-        } else if text.contains("header") {
-            "bad_header"
-        } else if text.contains("method") {
-            "bad_method"
-        } else if text.contains("version") {
-            "bad_version"
-        } else if text.contains("URI") {
-            "bad_uri"
-        } else {
-            "malformed"
-        };
-        return Some(reason);
-    }
     // HTTP/2: a connection error h2 detected in what the client sent.
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
@@ -312,6 +293,7 @@ pub(super) struct ConnSettings {
     drain_idle_grace: Duration,
     header_read_timeout: Duration,
     idle_release_after: Duration,
+    head_limits: h1::head::Limits,
     http2_max_concurrent_streams: u32,
     http2_keepalive_timeout: Duration,
 }
@@ -324,6 +306,10 @@ impl ConnSettings {
             drain_idle_grace: l.drain_idle_grace,
             header_read_timeout: l.header_read_timeout,
             idle_release_after: l.idle_release_after,
+            head_limits: h1::head::Limits {
+                max_head_bytes: l.max_head_bytes,
+                max_headers: l.max_headers,
+            },
             http2_max_concurrent_streams: l.http2_max_concurrent_streams,
             http2_keepalive_timeout: l.http2_keepalive_timeout,
         }
@@ -482,6 +468,25 @@ where
     type Failure = C::Error;
     fn close_gracefully(self: Pin<&mut Self>) {
         self.graceful_shutdown();
+    }
+}
+
+impl<I, S, F, B> Closable for h1::Conn<I, S, F, B>
+where
+    I: h1::Io,
+    S: hyper::service::Service<
+            http::Request<crate::leader_body::RequestBody>,
+            Response = http::Response<B>,
+            Error = Infallible,
+            Future = F,
+        > + Unpin,
+    F: Future<Output = Result<http::Response<B>, Infallible>>,
+    B: http_body::Body<Data = bytes::Bytes> + Unpin,
+    B::Error: Into<crate::body::BoxError>,
+{
+    type Failure = h1::H1Error;
+    fn close_gracefully(self: Pin<&mut Self>) {
+        self.get_mut().close_gracefully();
     }
 }
 

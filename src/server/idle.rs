@@ -65,12 +65,6 @@ impl Activity {
         Some(self.epoch + ended)
     }
 
-    /// When the last request ended, as nanoseconds since the connection began (0: none
-    /// has); it only grows.
-    pub(super) fn last_end_nanos(&self) -> u64 {
-        self.last_end.load(Ordering::Acquire)
-    }
-
     /// Marks it asked to close for `why`, if nothing asked before; true if this did.
     pub(super) fn ask_once(&self, why: Asked) -> bool {
         self.why

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use futures_util::task::AtomicWaker;
 
-use hyper::server::conn::{http1, http2};
+use hyper::server::conn::http2;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulConnection;
@@ -41,16 +41,18 @@ use crate::identity::ConnAuth;
 use crate::layers::{self, ConnInfo};
 use crate::metrics::{KindLabels, Metrics, ReasonLabels};
 use crate::ratelimit::concurrency::{KeyedCounts, KeyedPermit};
-use crate::timers::HeadTimer;
 use crate::workers::Workers;
 
 pub mod activation;
 mod connection;
+mod h1;
+
+/// The most header fields `listener.max_headers` may allow.
+pub const MAX_HEADERS: usize = h1::head::MAX_HEADERS;
 // SCM_RIGHTS over a Unix socket; the crate refuses other targets (lib.rs).
 #[cfg(unix)]
 pub mod handover;
 mod idle;
-mod park;
 mod proxy;
 mod sources;
 
@@ -276,7 +278,7 @@ fn closed(metrics: &Metrics, reason: &'static str) {
 
 #[cfg(test)]
 mod tests {
-    use super::connection::{drive, protocol_error, Bounds, Closable};
+    use super::connection::{drive, Bounds, Closable};
     use super::idle::{Activity, Asked};
     use super::*;
     use std::task::Poll;
@@ -444,48 +446,5 @@ mod tests {
         assert!(conns.close_one());
         assert!(asked(&verified_old));
         assert!(!conns.close_one(), "only a busy connection is left");
-    }
-    /// Each malformed request head gets its own reason from hyper's error (which names
-    /// the kind only in its message: a hyper upgrade that rewords one shows here).
-    #[tokio::test]
-    async fn malformed_heads_are_classified_by_reason() {
-        use tokio::io::AsyncWriteExt;
-        let long = format!("GET /{} HTTP/1.1\r\n\r\n", "a".repeat(70_000));
-        let huge = format!("GET / HTTP/1.1\r\nx: {}\r\n\r\n", "a".repeat(150_000));
-        let cases: [(&str, &str); 7] = [
-            (
-                "POST / HTTP/1.1\r\ncontent-length: 1x\r\n\r\n",
-                "bad_content_length",
-            ),
-            (
-                "POST / HTTP/1.1\r\ntransfer-encoding: gzip\r\n\r\n",
-                "bad_transfer_encoding",
-            ),
-            ("GET / HTTP/1.1\r\nbad header\r\n\r\n", "bad_header"),
-            ("GET / HTTP/9.9\r\n\r\n", "bad_version"),
-            ("GET \x01 HTTP/1.1\r\n\r\n", "bad_uri"),
-            (&long, "uri_too_long"),
-            (&huge, "head_too_large"),
-        ];
-        for (head, want) in cases {
-            let (mut client, server) = tokio::io::duplex(1 << 20);
-            let served = tokio::spawn(
-                http1::Builder::new()
-                    .max_buf_size(100_000)
-                    .serve_connection(
-                        TokioIo::new(server),
-                        service_fn(|_| async {
-                            Ok::<_, Infallible>(http::Response::new(http_body_util::Empty::<
-                                bytes::Bytes,
-                            >::new(
-                            )))
-                        }),
-                    ),
-            );
-            client.write_all(head.as_bytes()).await.unwrap();
-            let ended = tokio::time::timeout(Duration::from_secs(5), served).await;
-            let e = ended.expect(want).unwrap().expect_err(want);
-            assert_eq!(protocol_error(&e), Some(want), "{e}");
-        }
     }
 }

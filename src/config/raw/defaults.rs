@@ -80,6 +80,14 @@ pub(super) fn default_max_streams() -> usize {
     10_000
 }
 
+pub(super) fn default_max_head_bytes() -> usize {
+    64 * 1024
+}
+
+pub(super) fn default_max_headers() -> usize {
+    100
+}
+
 pub(super) fn default_h2_streams() -> u32 {
     200
 }

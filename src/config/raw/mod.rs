@@ -330,6 +330,14 @@ pub struct RawListener {
     /// `header_read_timeout`). Default `1s`; `0s` never releases them.
     #[serde(default = "d1s", with = "humantime_serde")]
     pub idle_release_after: Duration,
+    /// The most bytes of an HTTP/1.1 request head (request line and fields); a longer
+    /// one is answered 431 and the connection closed. Default `65536` (64 KiB).
+    #[serde(default = "default_max_head_bytes")]
+    pub max_head_bytes: usize,
+    /// The most header fields in an HTTP/1.1 request head; more are answered 431.
+    /// Default `100`, at most `256`.
+    #[serde(default = "default_max_headers")]
+    pub max_headers: usize,
     /// The HTTP status of the gateway's JSON-RPC errors: `mapped` or `ok` (200).
     #[serde(default)]
     pub error_status: ErrorStatus,

@@ -1,0 +1,797 @@
+//! The gateway's own HTTP/1.1 server side: one client connection, its requests one at a
+//! time through the request path, their answers written back.
+//!
+//! Why not hyper's: its HTTP/1.1 server was the floor of the gateway's cost per request
+//! (a channel and a dispatcher per request, a write queue, its own buffers held for the
+//! connection's life); this one reads a head into the connection's one read buffer
+//! (`head`: strict framing), hands the body out of that buffer without a copy
+//! (`crate::leader_body`: one slot per connection), writes the answer's head and, when it
+//! is there, its body in one TLS record, and keeps no buffer while idle. hyper still
+//! serves HTTP/2.
+//!
+//! What it promises, each tested (`tests`, `tests/it`):
+//! - every head two readers could frame differently is refused with 400 (431 over the
+//!   bounds) and the connection closed (`head`);
+//! - pipelined requests are answered in order, one at a time (the next head is read
+//!   after the answer before it is written);
+//! - `Expect: 100-continue` is answered when the request path first reads the body;
+//! - `Connection: close` and HTTP/1.0 are honoured; an answer of unknown length to an
+//!   HTTP/1.0 client ends with the connection;
+//! - a head must arrive within `listener.header_read_timeout` of its first byte (the
+//!   idle timeout, not this bound, decides how long a connection may wait for one);
+//! - a client that leaves while its request is served ends the request (no half-close,
+//!   as hyper by default);
+//! - a body the request path did not read closes the connection after the answer,
+//!   unless all of it is already in the read buffer (then it is skipped);
+//! - idle for `listener.idle_release_after`, the connection lets go of its read and
+//!   write buffers and its request state, and takes them again when bytes arrive.
+
+mod chunked;
+mod encode;
+pub(crate) mod head;
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod conn_tests;
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
+use http_body::Body;
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::Instant;
+
+use crate::leader_body::{lock, BodyFailure, RequestBody, Shared, Slot};
+use crate::timers::Deadline;
+use chunked::Chunked;
+use encode::{HeadLine, Out};
+use head::{Framing, Limits, Refused};
+
+/// The read buffer's first size, and the least room a read is given.
+const READ_CHUNK: usize = 8 * 1024;
+/// A write buffer grown past this by a large answer is let go after it.
+const WRITE_KEPT: usize = 16 * 1024;
+/// Body bytes buffered before they are written out (the body is not polled past it).
+const WRITE_HIGH: usize = 64 * 1024;
+
+/// What the connection reads and writes: a byte stream that can also say when it has
+/// bytes to read without being given a buffer (waited on while released).
+pub(crate) trait Io: AsyncRead + AsyncWrite + Unpin {
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<()>;
+}
+
+impl Io for tokio_rustls::server::TlsStream<tokio::net::TcpStream> {
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<()> {
+        self.get_ref().0.poll_read_ready(cx).map(|_| ())
+    }
+}
+
+impl Io for tokio::net::TcpStream {
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<()> {
+        tokio::net::TcpStream::poll_read_ready(self, cx).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+impl Io for tokio::io::DuplexStream {
+    fn poll_read_ready(&self, _cx: &mut Context<'_>) -> Poll<()> {
+        Poll::Ready(())
+    }
+}
+
+/// A connection's bounds, from `[listener]`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Settings {
+    pub(crate) header_read: Duration,
+    /// `Duration::ZERO`: buffers are never let go.
+    pub(crate) release_after: Duration,
+    pub(crate) limits: Limits,
+}
+
+/// How a connection ended, when not cleanly.
+#[derive(Debug)]
+pub(crate) enum H1Error {
+    /// A head refused (answered with its status, then closed).
+    Malformed(Refused),
+    /// A head not whole within `listener.header_read_timeout` of its first byte.
+    HeadTimeout,
+    /// The client left in the middle of a head.
+    Incomplete,
+    /// The answer's body failed after its head was written: the message is cut short.
+    Body(crate::body::BoxError),
+    Io(io::Error),
+}
+
+impl std::fmt::Display for H1Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            H1Error::Malformed(r) => r.fmt(f),
+            H1Error::HeadTimeout => f.write_str("request head not read within the header timeout"),
+            H1Error::Incomplete => f.write_str("connection closed in the middle of a request head"),
+            H1Error::Body(e) => write!(f, "response body failed: {e}"),
+            H1Error::Io(e) => write!(f, "connection error: {e}"),
+        }
+    }
+}
+
+impl H1Error {
+    /// The reason and status counted when the client sent malformed HTTP.
+    pub(crate) fn malformed(&self) -> Option<(&'static str, u16)> {
+        match self {
+            H1Error::Malformed(r) => Some((r.reason, r.status)),
+            _ => None,
+        }
+    }
+}
+
+/// How much of the request's body is still to be read.
+#[derive(Debug)]
+enum Left {
+    Done,
+    Length(u64),
+    Chunked(Chunked),
+}
+
+/// Where the connection stands.
+enum Phase<B> {
+    /// Waiting for, or reading, a request head.
+    Head,
+    /// The request path has the request; its body is read as the path asks.
+    Serving {
+        head_only: bool,
+        http11: bool,
+    },
+    /// The answer is written.
+    Writing {
+        body: B,
+        out: Out,
+        done: bool,
+    },
+    /// Written and flushed what there was; the TLS session is closed.
+    Closing,
+    Done,
+}
+
+/// An HTTP/1.1 connection served by the gateway's own server (module documentation).
+pub(crate) struct Conn<I, S, F, B> {
+    io: I,
+    service: S,
+    settings: Settings,
+    read: BytesMut,
+    /// How much of `read` the head parse has looked at.
+    scanned: usize,
+    write: Vec<u8>,
+    written: usize,
+    /// The request body slot, made at the first request with a body.
+    shared: Option<Shared>,
+    seq: u64,
+    /// The last answer's header map, cleared: the next head is read into it.
+    headers: Option<HeaderMap>,
+    /// The request path's future, in a box made once (and let go at a release).
+    in_flight: Option<Pin<Box<Option<F>>>>,
+    phase: Phase<B>,
+    left: Left,
+    /// `Expect: 100-continue` not answered yet.
+    continue_due: bool,
+    /// The current request may be followed by another.
+    keep_alive: bool,
+    /// The connection was asked to finish: no request after the current one.
+    closing: bool,
+    /// The client's end of the stream was read.
+    read_closed: bool,
+    /// One timer: the header bound while a head is partly read, the release delay while
+    /// idle. `None` until first needed.
+    timer: Option<Deadline>,
+    /// When the header bound passes (a head partly read).
+    head_deadline: Option<Instant>,
+    /// When the last answer was written (the release delay counts from it).
+    idle_since: Instant,
+    released: Option<Released>,
+    released_gauge: Option<Gauge>,
+    failure: Option<H1Error>,
+}
+
+/// Counts a released connection until dropped.
+struct Released(Gauge);
+
+impl Drop for Released {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+impl<I, S, F, B> Conn<I, S, F, B>
+where
+    I: Io,
+    S: hyper::service::Service<
+        Request<RequestBody>,
+        Response = Response<B>,
+        Error = std::convert::Infallible,
+        Future = F,
+    >,
+    F: Future<Output = Result<Response<B>, std::convert::Infallible>>,
+    B: Body<Data = bytes::Bytes> + Unpin,
+    B::Error: Into<crate::body::BoxError>,
+{
+    /// Serves `io` with `service`; `released` counts connections released at a time.
+    pub(crate) fn new(io: I, service: S, settings: Settings, released: Option<Gauge>) -> Self {
+        Conn {
+            io,
+            service,
+            settings,
+            read: BytesMut::new(),
+            scanned: 0,
+            write: Vec::new(),
+            written: 0,
+            shared: None,
+            seq: 0,
+            headers: None,
+            in_flight: None,
+            phase: Phase::Head,
+            left: Left::Done,
+            continue_due: false,
+            keep_alive: true,
+            closing: false,
+            read_closed: false,
+            timer: None,
+            head_deadline: None,
+            idle_since: Instant::now(),
+            released: None,
+            released_gauge: released,
+            failure: None,
+        }
+    }
+
+    /// Asks the connection to finish: at once if it waits for a head with nothing of
+    /// one read, after the current answer otherwise.
+    pub(crate) fn close_gracefully(&mut self) {
+        self.closing = true;
+        if matches!(self.phase, Phase::Head) && self.read.is_empty() {
+            self.phase = Phase::Closing;
+        }
+    }
+
+    /// Reads what the client sent into the read buffer (taking the buffer back if it was
+    /// let go); `Ok(0)` at the end of the stream.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.released.is_some() {
+            ready!(self.io.poll_read_ready(cx));
+        }
+        if self.read.capacity() - self.read.len() < READ_CHUNK / 4 {
+            self.read.reserve(READ_CHUNK);
+        }
+        let polled = tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read);
+        if self.released.is_some() {
+            if polled.is_pending() {
+                // Woken with nothing to read after all (TLS bytes that made no
+                // plaintext yet are rustls's to keep): still released.
+                self.read = BytesMut::new();
+            } else {
+                self.released = None;
+            }
+        }
+        polled
+    }
+
+    /// Writes the write buffer out (not flushed).
+    fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.written < self.write.len() {
+            let n = ready!(Pin::new(&mut self.io).poll_write(cx, &self.write[self.written..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.written += n;
+        }
+        self.write.clear();
+        self.written = 0;
+        Poll::Ready(Ok(()))
+    }
+
+    /// The timer, set to `at` (made at first use; moved otherwise).
+    fn poll_timer(&mut self, at: Instant, cx: &mut Context<'_>) -> Poll<()> {
+        let timer = self.timer.get_or_insert_with(|| Deadline::new(at));
+        timer.set(at);
+        timer.poll_passed(cx)
+    }
+
+    /// Lets the buffers and the request state go while idle.
+    fn release(&mut self) {
+        self.read = BytesMut::new();
+        self.write = Vec::new();
+        self.headers = None;
+        self.in_flight = None;
+        self.shared = None;
+        self.timer = None;
+        if let Some(g) = &self.released_gauge {
+            g.inc();
+            self.released = Some(Released(g.clone()));
+        }
+    }
+
+    /// Waiting for, or reading, a head.
+    fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            if !self.read.is_empty() {
+                let headers = self.headers.take().unwrap_or_default();
+                match head::parse(
+                    &mut self.read,
+                    &mut self.scanned,
+                    self.settings.limits,
+                    headers,
+                ) {
+                    Ok(Some(h)) => {
+                        self.head_deadline = None;
+                        self.start(h);
+                        return Poll::Ready(());
+                    }
+                    Ok(None) => {
+                        self.head_deadline
+                            .get_or_insert_with(|| Instant::now() + self.settings.header_read);
+                    }
+                    Err(refused) => {
+                        self.refuse(refused);
+                        return Poll::Ready(());
+                    }
+                }
+            }
+            if self.closing && self.read.is_empty() {
+                self.phase = Phase::Closing;
+                return Poll::Ready(());
+            }
+            match self.poll_fill(cx) {
+                Poll::Ready(Ok(0)) => {
+                    if !self.read.is_empty() {
+                        self.failure = Some(H1Error::Incomplete);
+                        self.phase = Phase::Done;
+                    } else {
+                        self.phase = Phase::Closing;
+                    }
+                    return Poll::Ready(());
+                }
+                Poll::Ready(Ok(_)) => continue,
+                Poll::Ready(Err(e)) => {
+                    self.failure = Some(H1Error::Io(e));
+                    self.phase = Phase::Done;
+                    return Poll::Ready(());
+                }
+                Poll::Pending => {}
+            }
+            if let Some(at) = self.head_deadline {
+                if self.poll_timer(at, cx).is_ready() {
+                    self.failure = Some(H1Error::HeadTimeout);
+                    self.phase = Phase::Done;
+                    return Poll::Ready(());
+                }
+            } else if self.released.is_none() && !self.settings.release_after.is_zero() {
+                let at = self.idle_since + self.settings.release_after;
+                if self.poll_timer(at, cx).is_ready() {
+                    self.release();
+                    // Registers the wait for the client's next bytes.
+                    if self.io.poll_read_ready(cx).is_ready() {
+                        continue;
+                    }
+                }
+            }
+            return Poll::Pending;
+        }
+    }
+
+    /// A head read: the request handed to the request path.
+    fn start(&mut self, h: head::Head) {
+        self.seq += 1;
+        let length = match h.framing {
+            Framing::Length(n) => Some(n),
+            Framing::Chunked => None,
+        };
+        self.left = match h.framing {
+            Framing::Length(0) => Left::Done,
+            Framing::Length(n) => Left::Length(n),
+            Framing::Chunked => Left::Chunked(Chunked::new()),
+        };
+        let shared = if matches!(self.left, Left::Done) {
+            None
+        } else {
+            let shared = self
+                .shared
+                .get_or_insert_with(|| Arc::new(Mutex::new(Slot::default())));
+            *lock(shared) = Slot {
+                seq: self.seq,
+                ..Slot::default()
+            };
+            Some(shared.clone())
+        };
+        if let (Some(shared), Left::Length(n)) = (&shared, &self.left) {
+            // All of it came with the head (the rule for a small request): handed over
+            // at once, a slice of the read buffer.
+            if let Ok(n) = usize::try_from(*n) {
+                if n <= self.read.len() {
+                    let mut slot = lock(shared);
+                    slot.data = Some(self.read.split_to(n).freeze());
+                    slot.ended = true;
+                    self.left = Left::Done;
+                }
+            }
+        }
+        self.continue_due = h.expect_continue && !matches!(self.left, Left::Done);
+        self.keep_alive = h.keep_alive;
+        let head_only = h.method == Method::HEAD;
+        let http11 = h.version == Version::HTTP_11;
+        let mut req = Request::new(RequestBody::new(shared, self.seq, length));
+        *req.method_mut() = h.method;
+        *req.uri_mut() = h.uri;
+        *req.version_mut() = h.version;
+        *req.headers_mut() = h.headers;
+        let fut = self.service.call(req);
+        match &mut self.in_flight {
+            Some(slot) => slot.set(Some(fut)),
+            None => self.in_flight = Some(Box::pin(Some(fut))),
+        }
+        self.phase = Phase::Serving { head_only, http11 };
+    }
+
+    /// A refused head: its answer written, then the connection closed.
+    fn refuse(&mut self, refused: Refused) {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":null,"error":{{"code":-32600,"message":"malformed HTTP request: {}"}}}}"#,
+            refused.reason
+        );
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        let line = HeadLine {
+            status: StatusCode::from_u16(refused.status).unwrap_or(StatusCode::BAD_REQUEST),
+            length: Some(body.len() as u64),
+            head_only: false,
+            http11: true,
+            keep_alive: false,
+        };
+        encode::head(&mut self.write, line, &headers);
+        self.write.extend_from_slice(body.as_bytes());
+        self.keep_alive = false;
+        self.failure = Some(H1Error::Malformed(refused));
+        self.read.clear();
+        self.phase = Phase::Closing;
+    }
+
+    /// Reads the request body for the request path when it asks; `true` if the slot
+    /// changed (the path is to be polled again).
+    fn poll_body(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<bool>> {
+        let Some(shared) = self.shared.clone() else {
+            return Poll::Ready(Ok(false));
+        };
+        if !lock(&shared).wanted {
+            return Poll::Ready(Ok(false));
+        }
+        if self.continue_due {
+            self.continue_due = false;
+            self.write
+                .extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+        }
+        if !self.write.is_empty() {
+            ready!(self.poll_write_out(cx))?;
+            ready!(Pin::new(&mut self.io).poll_flush(cx))?;
+        }
+        loop {
+            let decoded = match &mut self.left {
+                Left::Done => return Poll::Ready(Ok(false)),
+                Left::Length(n) => {
+                    let take = usize::try_from(*n)
+                        .unwrap_or(usize::MAX)
+                        .min(self.read.len());
+                    *n -= take as u64;
+                    let done = *n == 0;
+                    if done {
+                        self.left = Left::Done;
+                    }
+                    Ok((take > 0)
+                        .then(|| self.read.split_to(take).freeze())
+                        .map(|d| (d, done)))
+                }
+                Left::Chunked(c) => match c.decode(&mut self.read) {
+                    Ok(Some(d)) => Ok(Some((d, false))),
+                    Ok(None) if c.is_done() => {
+                        self.left = Left::Done;
+                        Ok(Some((bytes::Bytes::new(), true)))
+                    }
+                    Ok(None) => Ok(None),
+                    Err(bad) => Err(bad),
+                },
+            };
+            match decoded {
+                Ok(Some((data, done))) => {
+                    let mut slot = lock(&shared);
+                    if !data.is_empty() {
+                        slot.data = Some(data);
+                    }
+                    slot.ended = done;
+                    slot.wanted = false;
+                    wake_elsewhere(&mut slot, cx);
+                    return Poll::Ready(Ok(true));
+                }
+                Ok(None) => {}
+                Err(bad) => {
+                    self.left = Left::Done;
+                    self.keep_alive = false;
+                    return Poll::Ready(Ok(fail(&shared, BodyFailure::Framing(bad.0), cx)));
+                }
+            }
+            match ready!(self.poll_fill(cx)) {
+                Ok(0) | Err(_) => {
+                    self.read_closed = true;
+                    self.left = Left::Done;
+                    self.keep_alive = false;
+                    return Poll::Ready(Ok(fail(&shared, BodyFailure::Gone, cx)));
+                }
+                Ok(_) => {}
+            }
+        }
+    }
+
+    /// Watches for the client leaving while its request is served or answered (bytes it
+    /// sends meanwhile are kept for the next head, within the head bound). `Ready` when
+    /// it has left.
+    fn poll_left(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        while !self.read_closed
+            && matches!(self.left, Left::Done)
+            && self.read.len() <= self.settings.limits.max_head_bytes
+        {
+            match ready!(self.poll_fill(cx)) {
+                Ok(0) | Err(_) => {
+                    self.read_closed = true;
+                    return Poll::Ready(());
+                }
+                Ok(_) => {}
+            }
+        }
+        Poll::Pending
+    }
+
+    /// The request path at work: polled, and its body read as it asks.
+    fn poll_serving(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let Phase::Serving { head_only, http11 } = self.phase else {
+            return Poll::Ready(Ok(()));
+        };
+        loop {
+            let fut = self.in_flight.as_mut().map(|f| f.as_mut().as_pin_mut());
+            let Some(Some(fut)) = fut else {
+                self.phase = Phase::Done;
+                return Poll::Ready(Ok(()));
+            };
+            match fut.poll(cx) {
+                Poll::Ready(Ok(resp)) => {
+                    if let Some(f) = &mut self.in_flight {
+                        f.set(None);
+                    }
+                    self.answer(resp, head_only, http11);
+                    return Poll::Ready(Ok(()));
+                }
+                Poll::Ready(Err(never)) => match never {},
+                Poll::Pending => {}
+            }
+            if ready!(self.poll_body(cx))? {
+                continue;
+            }
+            if self.poll_left(cx).is_ready() {
+                // Gone with its request in flight: the request ends with it.
+                if let Some(f) = &mut self.in_flight {
+                    f.set(None);
+                }
+                self.phase = Phase::Done;
+                return Poll::Ready(Ok(()));
+            }
+            return Poll::Pending;
+        }
+    }
+
+    /// The request path answered: its head written into the write buffer.
+    fn answer(&mut self, resp: Response<B>, head_only: bool, http11: bool) {
+        let (mut parts, body) = resp.into_parts();
+        // A body the path did not read: skipped if it is all here, else the connection
+        // closes after this answer.
+        match &mut self.left {
+            Left::Done => {}
+            Left::Length(n) if *n <= self.read.len() as u64 => {
+                self.read.advance(*n as usize);
+                self.left = Left::Done;
+            }
+            Left::Chunked(c) => {
+                while let Ok(Some(_)) = c.decode(&mut self.read) {}
+                if c.is_done() {
+                    self.left = Left::Done;
+                }
+            }
+            Left::Length(_) => {}
+        }
+        if !matches!(self.left, Left::Done) {
+            self.keep_alive = false;
+            self.left = Left::Done;
+            self.read_closed = true;
+        }
+        if let Some(shared) = &self.shared {
+            // A body kept past its request reads nothing more.
+            lock(shared).seq = 0;
+        }
+        let asked_close = parts
+            .headers
+            .get_all(http::header::CONNECTION)
+            .iter()
+            .any(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
+        self.keep_alive &= !self.closing && !asked_close;
+        let line = HeadLine {
+            status: parts.status,
+            length: body.size_hint().exact(),
+            head_only,
+            http11,
+            keep_alive: self.keep_alive,
+        };
+        let out = encode::head(&mut self.write, line, &parts.headers);
+        if out == Out::UntilClose {
+            self.keep_alive = false;
+        }
+        parts.headers.clear();
+        self.headers = Some(parts.headers);
+        self.phase = Phase::Writing {
+            body,
+            out,
+            done: false,
+        };
+    }
+
+    /// The answer's body written as it comes; each piece flushed when the body has
+    /// nothing more ready.
+    fn poll_writing(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), H1Error>> {
+        loop {
+            let Phase::Writing { body, out, done } = &mut self.phase else {
+                return Poll::Ready(Ok(()));
+            };
+            let mut waiting = false;
+            while !*done && self.write.len() < WRITE_HIGH {
+                match Pin::new(&mut *body).poll_frame(cx) {
+                    Poll::Ready(Some(Ok(frame))) => {
+                        let Ok(data) = frame.into_data() else {
+                            continue;
+                        };
+                        match out {
+                            Out::None => {}
+                            Out::Chunked if data.is_empty() => {}
+                            Out::Chunked => {
+                                encode::chunk_size(&mut self.write, data.len());
+                                self.write.extend_from_slice(&data);
+                                self.write.extend_from_slice(b"\r\n");
+                            }
+                            Out::Length(_) | Out::UntilClose => {
+                                self.write.extend_from_slice(&data);
+                            }
+                        }
+                    }
+                    Poll::Ready(Some(Err(e))) => {
+                        // Cut short: the client sees an incomplete message.
+                        self.keep_alive = false;
+                        self.failure = Some(H1Error::Body(e.into()));
+                        self.phase = Phase::Closing;
+                        return Poll::Ready(Ok(()));
+                    }
+                    Poll::Ready(None) => {
+                        *done = true;
+                        if *out == Out::Chunked {
+                            self.write.extend_from_slice(encode::LAST_CHUNK);
+                        }
+                    }
+                    Poll::Pending => {
+                        waiting = true;
+                        break;
+                    }
+                }
+            }
+            let done = *done;
+            ready!(self.poll_write_out(cx)).map_err(H1Error::Io)?;
+            if done {
+                ready!(Pin::new(&mut self.io).poll_flush(cx)).map_err(H1Error::Io)?;
+                self.finish();
+                return Poll::Ready(Ok(()));
+            }
+            if waiting {
+                ready!(Pin::new(&mut self.io).poll_flush(cx)).map_err(H1Error::Io)?;
+                if self.poll_left(cx).is_ready() {
+                    self.phase = Phase::Done;
+                    return Poll::Ready(Ok(()));
+                }
+                return Poll::Pending;
+            }
+        }
+    }
+
+    /// An answer written whole: the next head, or the close.
+    fn finish(&mut self) {
+        self.phase = if self.keep_alive && !self.closing && !self.read_closed {
+            Phase::Head
+        } else {
+            Phase::Closing
+        };
+        if self.write.capacity() > WRITE_KEPT {
+            self.write = Vec::new();
+        }
+        self.idle_since = Instant::now();
+    }
+}
+
+/// Wakes the body's task if it is not this one (this one polls the path again).
+fn wake_elsewhere(slot: &mut Slot, cx: &Context<'_>) {
+    if let Some(w) = slot.waker.take() {
+        if !w.will_wake(cx.waker()) {
+            w.wake();
+        } else {
+            slot.waker = Some(w);
+        }
+    }
+}
+
+/// Marks the body failed; `true` (the path is to be polled again).
+fn fail(shared: &Shared, failure: BodyFailure, cx: &Context<'_>) -> bool {
+    let mut slot = lock(shared);
+    slot.failed = Some(failure);
+    slot.wanted = false;
+    wake_elsewhere(&mut slot, cx);
+    true
+}
+
+impl<I, S, F, B> Future for Conn<I, S, F, B>
+where
+    I: Io,
+    S: hyper::service::Service<
+            Request<RequestBody>,
+            Response = Response<B>,
+            Error = std::convert::Infallible,
+            Future = F,
+        > + Unpin,
+    F: Future<Output = Result<Response<B>, std::convert::Infallible>>,
+    B: Body<Data = bytes::Bytes> + Unpin,
+    B::Error: Into<crate::body::BoxError>,
+{
+    type Output = Result<(), H1Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        loop {
+            match this.phase {
+                Phase::Head => ready!(this.poll_head(cx)),
+                Phase::Serving { .. } => {
+                    if let Err(e) = ready!(this.poll_serving(cx)) {
+                        this.failure = Some(H1Error::Io(e));
+                        this.phase = Phase::Done;
+                    }
+                }
+                Phase::Writing { .. } => {
+                    if let Err(e) = ready!(this.poll_writing(cx)) {
+                        this.failure = Some(e);
+                        this.phase = Phase::Done;
+                    }
+                }
+                Phase::Closing => {
+                    // What is buffered (a refusal's answer) goes out first; a client that
+                    // does not read it or its close_notify does not hold the close up
+                    // past the connection's grace (`drive`).
+                    let _ = ready!(this.poll_write_out(cx));
+                    let _ = ready!(Pin::new(&mut this.io).poll_shutdown(cx));
+                    this.phase = Phase::Done;
+                }
+                Phase::Done => {
+                    this.in_flight = None;
+                    return Poll::Ready(match this.failure.take() {
+                        Some(e) => Err(e),
+                        None => Ok(()),
+                    });
+                }
+            }
+        }
+    }
+}
