@@ -1,5 +1,6 @@
-//! A request's body as the request path reads it: a handle on its connection's one body
-//! slot, filled by the connection's task from its read buffer when the body is polled.
+//! The body of a request the gateway's own HTTP/1.1 server read (`server::h1`), as the
+//! request path reads it: a handle on its connection's one body slot, filled by the
+//! connection's task from its read buffer when the body is polled.
 //!
 //! hyper hands each request a channel with its own allocations; here the slot is made
 //! once per connection and each request's body holds a reference to it, tagged with the

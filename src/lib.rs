@@ -9,7 +9,8 @@
 //! ```text
 //! server      accept (connection cap) -> a worker (workers: the least loaded core) ->
 //!             TLS 1.3 handshake (timeout) -> identity once per
-//!             connection (layers::ConnInfo::accepted) -> HTTP/1.1 or HTTP/2 by ALPN
+//!             connection (layers::ConnInfo::accepted) -> HTTP/1.1 (the gateway's
+//!             own server, server::h1) or HTTP/2 (hyper) by ALPN
 //! layers      per request, one tower stack (layers::stack, one ServiceBuilder):
 //!             SetSensitiveRequestHeaders -> Respond (request -> Exchange under the
 //!             current snapshot) -> Trace (request id, trace context) -> Authenticate
@@ -40,7 +41,8 @@
 //! - [`config`]: TOML -> validated [`config::Config`]; nothing is re-checked per request.
 //! - [`server`]: the listening side only: accept loop, handshake timeout, connection caps
 //!   (total, per source, idle connections closed to admit new ones), idle and drain
-//!   handling; `server::handover`: the listening sockets handed to a new process
+//!   handling; `server::h1`: the gateway's own HTTP/1.1 server (strict heads, chunked
+//!   bodies, pipelining, `Expect`, buffers let go while idle); `server::handover`: the listening sockets handed to a new process
 //!   (`run --take-over`), the old one draining.
 //! - [`background`]: every task beside the listener (upkeep, cluster loops, the replay
 //!   writer, the admin listener, the reload watcher), owned in one place and stopped in
@@ -77,6 +79,8 @@
 //! - `policy`: who may call what: access rules, roles, block list, task ownership.
 //! - `ratelimit`: per-AIC and per-Partner quotas (governor), concurrency limits.
 //! - [`body`]: bounded request body reading; the response body type.
+//! - [`leader_body`]: the request body of an HTTP/1.1 request the gateway's own server
+//!   read (a slice of the connection's read buffer, through one slot per connection).
 //! - `headers`: the header names the gateway sets, and the hop-by-hop ones it drops.
 //! - `relay_body`: a Partner's answer on its way back: its headers filtered, its body
 //!   under an idle bound, events counted, permits held until it ends.

@@ -10,6 +10,7 @@ pub use crate::metrics::{Metrics, PartnerMetrics, RequestLabels, RouteLabels};
 pub use crate::policy::tasks::{check_task, MemoryTaskOwners, TaskOwners};
 pub use crate::ratelimit::{GovernorLimiter, Limiter};
 pub use crate::relay_body::is_event_stream;
+pub use crate::server::h1::pieces::requests_in_pieces as leader_requests_in_pieces;
 pub use crate::sse::count::EventCounter;
 pub use crate::sse::event::both_reads as event_reads;
 pub use crate::sse::memory::{MemoryStore, ReplayLimits};

@@ -45,7 +45,7 @@ use crate::workers::Workers;
 
 pub mod activation;
 mod connection;
-mod h1;
+pub(crate) mod h1;
 
 /// The most header fields `listener.max_headers` may allow.
 pub const MAX_HEADERS: usize = h1::head::MAX_HEADERS;

@@ -336,8 +336,8 @@ async fn a_connection_without_an_aic_may_stay_idle_only_briefly() {
     assert!(got.starts_with("HTTP/1.1 200"), "{got}");
 }
 
-/// Malformed HTTP (a bad `Content-Length`, a head over hyper's limit) is counted by
-/// reason and written to the access log with the peer and the AIC.
+/// Malformed HTTP (a bad `Content-Length`, a head over `listener.max_head_bytes`) is
+/// counted by reason and written to the access log with the peer and the AIC.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_http_is_counted_and_logged() {
     let capture = crate::ops::capture();
@@ -361,9 +361,9 @@ async fn malformed_http_is_counted_and_logged() {
         1.0,
     )
     .await;
-    // A head far over hyper's buffer (about 400 KiB): 431. The client may see a reset
-    // instead, as the gateway closes with the rest of the head unread; the count is what
-    // matters.
+    // A head far over `listener.max_head_bytes` (64 KiB): 431. The client may see a
+    // reset instead, as the gateway closes with the rest of the head unread; the count is
+    // what matters.
     let mut tls = within(5, a.connect(gw.addr)).await.unwrap();
     let huge = format!(
         "POST /p/rpc HTTP/1.1\r\nhost: localhost\r\nx-filler: {}\r\n\r\n",

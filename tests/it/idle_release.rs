@@ -1,5 +1,5 @@
-//! `listener.idle_release_after`: an idle HTTP/1.1 connection lets go of hyper's
-//! connection (its read and write buffers) and takes a new one when the client's next
+//! `listener.idle_release_after`: an idle HTTP/1.1 connection lets go of its read and
+//! write buffers and its request state, and takes them again when the client's next
 //! bytes arrive; nothing the client sends is lost on the way, and the idle timeout, not
 //! the header-read bound, decides when an idle keep-alive connection closes.
 
@@ -37,8 +37,8 @@ where
     String::from_utf8_lossy(&within(5, read_http1_message(tls)).await).into_owned()
 }
 
-/// Released after its answer, the connection is counted so; the next request on it is
-/// served by a new hyper connection and it is counted busy again. Twice over.
+/// Released after its answer, the connection is counted so; the next request on it
+/// takes its buffers again and it is counted busy again. Twice over.
 #[tokio::test]
 async fn an_idle_connection_is_released_and_serves_its_next_request() {
     let (pki, partner, gw) = gateway("idle_release_after = \"50ms\"").await;
@@ -55,7 +55,7 @@ async fn an_idle_connection_is_released_and_serves_its_next_request() {
     assert_eq!(partner.seen().len(), 3);
 }
 
-/// `0s` keeps hyper's connection for the connection's whole life.
+/// `0s` keeps the buffers for the connection's whole life.
 #[tokio::test]
 async fn zero_never_releases() {
     let (pki, _partner, gw) = gateway("idle_release_after = \"0s\"").await;
@@ -67,8 +67,9 @@ async fn zero_never_releases() {
 }
 
 /// An idle keep-alive connection is closed by `idle_timeout`, not by the header-read
-/// bound (hyper runs that bound while it waits for the next request head: an idle
-/// connection that keeps hyper's connection is closed at `header_read_timeout`).
+/// bound (which runs from a head's first byte; hyper's ran while it waited for the next
+/// head, so an idle connection that kept hyper's connection closed at
+/// `header_read_timeout`).
 #[tokio::test]
 async fn an_idle_keep_alive_connection_lasts_its_idle_timeout() {
     let header = Duration::from_millis(300);
@@ -89,8 +90,8 @@ async fn an_idle_keep_alive_connection_lasts_its_idle_timeout() {
 }
 
 /// A request's head begun in the same write as the previous request (pipelined) and
-/// finished only after the connection was released: hyper had read its first bytes;
-/// they are handed to the next hyper connection, and the request is answered.
+/// finished only after the release delay: the connection holding a partial head is not
+/// released, and the request is answered.
 #[tokio::test]
 async fn a_pipelined_head_split_across_a_release_is_answered() {
     let (pki, partner, gw) = gateway("idle_release_after = \"50ms\"").await;
@@ -103,8 +104,7 @@ async fn a_pipelined_head_split_across_a_release_is_answered() {
     tls.flush().await.unwrap();
     let got = String::from_utf8_lossy(&within(5, read_http1_message(&mut tls)).await).into_owned();
     assert!(got.starts_with("HTTP/1.1 200"), "{got}");
-    // The release delay passes with the head unfinished (the release comes and goes at
-    // once, with the unread bytes there to read, so no count shows it).
+    // The release delay passes with the head unfinished: not released.
     tokio::time::sleep(Duration::from_millis(200)).await;
     tls.write_all(end.as_bytes()).await.unwrap();
     tls.flush().await.unwrap();

@@ -38,6 +38,7 @@ mod redis_topologies;
 mod reload;
 mod revocation;
 mod sdk;
+mod smuggling;
 mod socket_activation;
 mod stapling;
 mod streams;

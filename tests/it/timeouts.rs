@@ -92,8 +92,7 @@ async fn slow_headers_are_disconnected() {
 /// Sends half a request head and nothing more; asserts the header timeout closed the
 /// connection, no sooner than `earliest`, and not the idle timeout (which also applies
 /// while no request has arrived): halfway between the two tells them apart. The server's
-/// header timer starts when it begins reading (after its side of the handshake), which
-/// may be a little before this half head is written: 50 ms of slack below `earliest`.
+/// header timer starts at the head's first byte: 50 ms of slack below `earliest`.
 async fn stalled_head_is_closed_by_the_header_bound<S>(tls: &mut S, earliest: Duration)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
@@ -111,8 +110,8 @@ where
     );
 }
 
-/// The header bound holds on a connection's later requests too (hyper asks for a new
-/// header timer per request, and the gateway moves one kept timer to each deadline).
+/// The header bound holds on a connection's later requests too (the connection keeps one
+/// timer and moves it to each head's deadline).
 #[tokio::test]
 async fn slow_headers_after_keep_alive_requests_are_disconnected() {
     let (pki, partner, gw) = short_bounds_gateway().await;
@@ -130,8 +129,8 @@ async fn slow_headers_after_keep_alive_requests_are_disconnected() {
             String::from_utf8_lossy(&within(5, read_http1_message(&mut tls)).await).into_owned();
         assert!(got.starts_with("HTTP/1.1 200"), "{got}");
     }
-    // The bound started when the gateway began waiting for this head, just before it was
-    // written: a few milliseconds of slack below it.
+    // The bound starts at the head's first byte: a few milliseconds of slack below it for
+    // the time the bytes take to arrive.
     let earliest = HEADER_TIMEOUT - Duration::from_millis(5);
     stalled_head_is_closed_by_the_header_bound(&mut tls, earliest).await;
     assert_eq!(partner.seen().len(), 3);

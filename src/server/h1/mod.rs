@@ -29,6 +29,8 @@
 mod chunked;
 mod encode;
 pub(crate) mod head;
+#[cfg(any(test, feature = "test-util"))]
+pub(crate) mod pieces;
 
 #[cfg(test)]
 #[path = "tests.rs"]
