@@ -80,6 +80,10 @@ async fn ambiguous_messages_are_refused_and_never_reach_the_partner() {
             "bad_host",
         ),
         (
+            format!("POST https://other.example/p/rpc HTTP/1.1\r\nhost: localhost\r\ncontent-length: {}\r\n\r\n{body}", body.len()),
+            "bad_host",
+        ),
+        (
             format!("POST /p/rpc HTTP/1.1\r\nhost: localhost\r\ncontent-length: {}\r\n{}\r\n\r\n{body}", body.len(), "x-filler: a\r\n".repeat(101)),
             "head_too_large",
         ),

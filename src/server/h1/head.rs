@@ -3,8 +3,9 @@
 //! `Transfer-Encoding` and `Content-Length`, a `Content-Length` that is not one run of
 //! digits (a list, a sign, a second header line), a `Transfer-Encoding` other than one
 //! `chunked`, or any in HTTP/1.0, a line ending in a bare LF, a folded (obs-fold) line, an
-//! invalid header name, no `Host` or two (HTTP/1.1), a head over `listener.max_head_bytes`
-//! or with more than `listener.max_headers` fields.
+//! invalid header name, no `Host` or two (HTTP/1.1), an absolute-form target whose host is
+//! not `Host`'s, a head over `listener.max_head_bytes` or with more than
+//! `listener.max_headers` fields.
 //!
 //! Zero-copy: the method, URI and header values are slices of the head's bytes (one
 //! `Bytes` the read buffer hands over); the header map is the previous response's,
@@ -86,21 +87,25 @@ pub(crate) fn parse(
         let empty = buf.chunks(2).take_while(|c| *c == b"\r\n").count();
         bytes::Buf::advance(buf, empty * 2);
     }
-    // A line ending in a bare LF: httparse would take it; a reader that does not would
-    // see one line where this one sees two.
+    let end = memchr::memmem::find(&buf[scanned.saturating_sub(3)..], b"\r\n\r\n")
+        .map(|at| scanned.saturating_sub(3) + at + 4);
+    // A line ending in a bare LF, within this head (what follows it is the body's, or
+    // the next head's): httparse would take it; a reader that does not would see one
+    // line where this one sees two.
     let from = scanned.saturating_sub(1);
-    if memchr::memchr_iter(b'\n', &buf[from..]).any(|i| from + i == 0 || buf[from + i - 1] != b'\r')
+    let head_bytes = &buf[..end.unwrap_or(buf.len())];
+    if memchr::memchr_iter(b'\n', &head_bytes[from..])
+        .any(|i| from + i == 0 || head_bytes[from + i - 1] != b'\r')
     {
         return Err(Refused::bad("bare_lf"));
     }
-    let Some(end) = memchr::memmem::find(&buf[scanned.saturating_sub(3)..], b"\r\n\r\n") else {
+    let Some(len) = end else {
         *scanned = buf.len();
         if buf.len() > limits.max_head_bytes {
             return Err(too_large());
         }
         return Ok(None);
     };
-    let len = scanned.saturating_sub(3) + end + 4;
     *scanned = 0;
     if len > limits.max_head_bytes {
         return Err(too_large());
@@ -132,6 +137,7 @@ pub(crate) fn parse(
     let mut close = false;
     let mut keep_alive_asked = false;
     let mut expect_continue = false;
+    let mut host: &[u8] = b"";
     for h in req.headers.iter() {
         let name =
             HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| Refused::bad("bad_header"))?;
@@ -148,6 +154,7 @@ pub(crate) fn parse(
             framing = Framing::Chunked;
         } else if name == http::header::HOST {
             hosts = hosts.saturating_add(1);
+            host = raw;
         } else if name == http::header::CONNECTION {
             for token in raw.split(|&b| b == b',') {
                 let token = token.trim_ascii();
@@ -170,6 +177,13 @@ pub(crate) fn parse(
     }
     if hosts > 1 || (version == Version::HTTP_11 && hosts == 0) {
         return Err(Refused::bad("bad_host"));
+    }
+    // An absolute-form target names the host too (and is what routing reads): one that
+    // disagrees with `Host` would be routed by one and read by the Partner by the other.
+    if let Some(authority) = uri.authority() {
+        if hosts == 1 && !authority.as_str().as_bytes().eq_ignore_ascii_case(host) {
+            return Err(Refused::bad("bad_host"));
+        }
     }
     let keep_alive = if version == Version::HTTP_11 {
         !close

@@ -73,6 +73,37 @@ fn connection_and_expect_are_read() {
         h("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: Chunked\r\n\r\n").framing,
         Framing::Chunked
     );
+    // An absolute-form target that agrees with Host.
+    assert_eq!(
+        h("POST http://A:8443/p HTTP/1.1\r\nHost: a:8443\r\n\r\n")
+            .uri
+            .path(),
+        "/p"
+    );
+}
+
+/// What follows a head (its body, the next head) is not judged with it: a bare LF there
+/// refuses the next head, read whole or in pieces, not this one. (Found by the fuzz
+/// target `leader_request`; its input is `tests/data/fuzz/leader_request-bare-lf-after-head`.)
+#[test]
+fn a_bare_lf_after_the_head_is_not_this_heads() {
+    let input = b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhiGET /x HTTP/1.1\nHost: a\r\n\r\n";
+    let head = parse_all(input).unwrap().unwrap();
+    assert_eq!(head.framing, Framing::Length(2));
+    assert_eq!(
+        parse_bytewise(input).unwrap().unwrap().framing,
+        Framing::Length(2)
+    );
+    let found = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/fuzz/leader_request-bare-lf-after-head"
+    ))
+    .unwrap();
+    let (whole, cut) = (
+        super::super::pieces::requests_in_pieces(&found[1..], found.len()),
+        super::super::pieces::requests_in_pieces(&found[1..], usize::from(found[0] % 16) + 1),
+    );
+    assert_eq!(whole, cut);
 }
 
 #[test]
@@ -119,6 +150,7 @@ fn ambiguous_heads_are_refused() {
         ("POST / HTTP/1.1\r\n\r\n", "bad_host"),
         ("POST / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", "bad_host"),
         ("POST / HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n", "bad_host"),
+        ("POST http://b/p HTTP/1.1\r\nHost: a\r\n\r\n", "bad_host"),
         ("POST / HTTP/2.0\r\nHost: a\r\n\r\n", "bad_version"),
         ("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "http2_preface"),
         ("PO ST / HTTP/1.1\r\nHost: a\r\n\r\n", "bad_version"),
