@@ -82,10 +82,12 @@ pub(crate) fn parse(
     limits: Limits,
     headers: HeaderMap,
 ) -> Result<Option<Head>, Refused> {
-    if *scanned == 0 {
-        // RFC 9112 §2.2: empty lines before a request line are ignored.
-        let empty = buf.chunks(2).take_while(|c| *c == b"\r\n").count();
+    // RFC 9112 §2.2: empty lines before a request line are ignored (a CR that came alone
+    // was scanned; its LF makes it one of them).
+    let empty = buf.chunks(2).take_while(|c| *c == b"\r\n").count();
+    if empty > 0 {
         bytes::Buf::advance(buf, empty * 2);
+        *scanned = scanned.saturating_sub(empty * 2);
     }
     let end = memchr::memmem::find(&buf[scanned.saturating_sub(3)..], b"\r\n\r\n")
         .map(|at| scanned.saturating_sub(3) + at + 4);

@@ -333,10 +333,12 @@ where
                         self.start(h);
                         return Poll::Ready(());
                     }
-                    Ok(None) => {
+                    // Begun (not only empty lines, which were skipped): bounded.
+                    Ok(None) if !self.read.is_empty() => {
                         self.head_deadline
                             .get_or_insert_with(|| Instant::now() + self.settings.header_read);
                     }
+                    Ok(None) => {}
                     Err(refused) => {
                         self.refuse(refused);
                         return Poll::Ready(());
