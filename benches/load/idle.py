@@ -6,7 +6,10 @@ mutual-TLS 1.3 HTTP/1.1 connections opened, one `rpc` answered on each, all of t
 held open and idle; after `settle` seconds (past the gateway's
 `listener.idle_release_after`) the RSS is read again, and the connections still open
 are counted (a proxy that closed some would look cheaper). RSS is /proc/PID/status
-VmRSS: what the held connections cost in memory pages, whatever the allocator.
+VmRSS: what the held connections cost in memory pages, whatever the allocator. For a
+gateway, its allocator's live bytes (`aipgw_allocator_bytes{kind="allocated"}` from its
+admin /metrics, jemalloc builds) are read at the same two moments: the heap the held
+connections keep, beside the pages it takes.
 """
 
 import resource
@@ -22,6 +25,21 @@ def rss_kib(pid):
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def allocated(proxy):
+    """The gateway's live heap bytes (jemalloc's `allocated`), or None for another proxy."""
+    config = getattr(proxy, "config", None)
+    if config is None:
+        return None
+    import urllib.request
+    binds = [l for l in config.read_text().splitlines() if l.startswith("bind = ")]
+    addr = binds[-1].split('"')[1]
+    text = urllib.request.urlopen(f"http://{addr}/metrics", timeout=5).read().decode()
+    for line in text.splitlines():
+        if line.startswith('aipgw_allocator_bytes{kind="allocated"}'):
+            return int(float(line.split()[-1]))
+    return None
 
 
 def _client(d):
@@ -88,7 +106,8 @@ def _still_open(s):
 
 
 def hold(proxy, d, n, settle, body):
-    """(RSS before, RSS after, connections still open) for `n` held connections."""
+    """(RSS before, RSS after, connections still open, heap before, heap after) for `n`
+    held connections (the heap figures None for a proxy that has none to show)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < n + 64:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, n + 1024), hard))
@@ -97,27 +116,31 @@ def hold(proxy, d, n, settle, body):
     _open(ctx, proxy.port, req).close()
     time.sleep(settle)
     before = rss_kib(proxy.p.pid)
+    heap_before = allocated(proxy)
     conns = [_open(ctx, proxy.port, req) for _ in range(n)]
     time.sleep(settle)
     after = rss_kib(proxy.p.pid)
+    heap_after = allocated(proxy)
     alive = sum(1 for s in conns if _still_open(s))
     for s in conns:
         s.close()
-    return before, after, alive
+    return before, after, alive, heap_before, heap_after
 
 
 def report(results, n):
     print(f"\n## held idle keep-alive connections (--idle {n}): RSS per held connection")
-    print("| proxy | rounds | RSS before (MiB) | RSS after (MiB) | still open | **KiB per connection** |")
-    print("|---|---|---|---|---|---|")
+    print("| proxy | rounds | RSS before (MiB) | RSS after (MiB) | still open | **KiB per connection** | live heap KiB per connection |")
+    print("|---|---|---|---|---|---|---|")
     per = {}
     for name, rows in results.items():
-        kib = statistics.median((a - b) / n for b, a, _ in rows)
+        kib = statistics.median((a - b) / n for b, a, *_ in rows)
         per[name] = kib
-        before = statistics.median(b for b, _, _ in rows) / 1024
-        after = statistics.median(a for _, a, _ in rows) / 1024
-        alive = min(al for _, _, al in rows)
-        print(f"| {name} | {len(rows)} | {before:.1f} | {after:.1f} | {alive}/{n} | **{kib:.1f}** |")
+        before = statistics.median(b for b, *_ in rows) / 1024
+        after = statistics.median(r[1] for r in rows) / 1024
+        alive = min(r[2] for r in rows)
+        heaps = [(r[4] - r[3]) / 1024 / n for r in rows if r[3] is not None and r[4] is not None]
+        heap = f"{statistics.median(heaps):.1f}" if heaps else ""
+        print(f"| {name} | {len(rows)} | {before:.1f} | {after:.1f} | {alive}/{n} | **{kib:.1f}** | {heap} |")
     if "aipgw" in per:
         for name, kib in per.items():
             if name != "aipgw" and kib > 0:

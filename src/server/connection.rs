@@ -67,7 +67,10 @@ pub(super) async fn serve_connection(
             .max_concurrent_streams(l.http2_max_concurrent_streams)
             .keep_alive_interval(Some(l.idle_timeout))
             .keep_alive_timeout(l.http2_keepalive_timeout);
-        let (why, ended) = drive(b.serve_connection(io, svc), &activity, bounds, drain).await;
+        // Boxed: inline, hyper's HTTP/2 connection would size every connection's task,
+        // HTTP/1.1 ones included (a task is as large as its largest state).
+        let mut conn = Box::pin(b.serve_connection(io, svc));
+        let (why, ended) = drive(conn.as_mut(), &activity, bounds, drain).await;
         let failure = ended.err().map(|e| Failure {
             malformed: protocol_error(&e).map(|r| (r, 0)),
             text: e.to_string(),
@@ -81,7 +84,7 @@ pub(super) async fn serve_connection(
             limits: l.head_limits,
         };
         let released = Some(metrics.released_connections.clone());
-        let conn = h1::Conn::new(tls, svc, settings, released);
+        let conn = std::pin::pin!(h1::Conn::new(tls, svc, settings, released));
         let (why, ended) = drive(conn, &activity, bounds, drain).await;
         let failure = ended.err().map(|e| Failure {
             malformed: e.malformed(),
@@ -374,8 +377,12 @@ pub(super) enum Why {
 /// poll), not at every poll of the connection: polled each time, they re-registered the
 /// task with the drain channel (a lock) and the idle timer at every wake-up of the
 /// connection, several per request.
-pub(super) async fn drive<C: Closable>(
-    conn: C,
+///
+/// The connection is pinned by the caller and lent: taken by value, it would be held
+/// twice in this future's state (the argument and the pinned local), a connection's size
+/// more for every connection's task.
+pub(super) async fn drive<C: Closable + ?Sized>(
+    mut conn: Pin<&mut C>,
     activity: &Activity,
     bounds: Bounds,
     mut drain: watch::Receiver<bool>,
@@ -386,7 +393,6 @@ pub(super) async fn drive<C: Closable>(
         reply_grace,
         drain_grace,
     } = bounds;
-    let mut conn = std::pin::pin!(conn);
     let watch = async {
         tokio::select! {
             _ = drain.changed() => Why::Drain,

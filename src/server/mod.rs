@@ -345,10 +345,8 @@ mod tests {
         let start = Instant::now();
         let limit = Duration::from_secs(60);
         let quiet_conn = Activity::new(true);
-        let driven = tokio::time::timeout(
-            limit,
-            drive(quiet.clone(), &quiet_conn, bounds(idle), drain),
-        );
+        let pinned = std::pin::pin!(quiet.clone());
+        let driven = tokio::time::timeout(limit, drive(pinned, &quiet_conn, bounds(idle), drain));
         driven.await.expect("the idle watcher never closed it");
         assert_eq!(quiet.asked().map(|t| t - start), Some(idle));
         assert_eq!(
@@ -364,7 +362,10 @@ mod tests {
         let guard = a.begin();
         let run = tokio::spawn({
             let (a, quiet) = (a.clone(), quiet.clone());
-            async move { tokio::time::timeout(limit, drive(quiet, &a, bounds(idle), drain)).await }
+            async move {
+                let quiet = std::pin::pin!(quiet);
+                tokio::time::timeout(limit, drive(quiet, &a, bounds(idle), drain)).await
+            }
         });
         tokio::time::sleep(Duration::from_millis(700)).await;
         tx.send_replace(true);

@@ -94,8 +94,10 @@ pub(crate) fn parse(
     // A line ending in a bare LF, within this head (what follows it is the body's, or
     // the next head's): httparse would take it; a reader that does not would see one
     // line where this one sees two.
-    let from = scanned.saturating_sub(1);
-    let head_bytes = &buf[..end.unwrap_or(buf.len())];
+    // Only its first `max_head_bytes` are looked at: past them it is too large, whether
+    // it came in one read or in many.
+    let head_bytes = &buf[..end.unwrap_or(buf.len()).min(limits.max_head_bytes)];
+    let from = scanned.saturating_sub(1).min(head_bytes.len());
     if memchr::memchr_iter(b'\n', &head_bytes[from..])
         .any(|i| from + i == 0 || head_bytes[from + i - 1] != b'\r')
     {

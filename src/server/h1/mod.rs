@@ -142,7 +142,7 @@ enum Left {
 }
 
 /// Where the connection stands.
-enum Phase<B> {
+enum Phase {
     /// Waiting for, or reading, a request head.
     Head,
     /// The request path has the request; its body is read as the path asks.
@@ -150,9 +150,8 @@ enum Phase<B> {
         head_only: bool,
         http11: bool,
     },
-    /// The answer is written.
+    /// The answer is written (its body in `Conn::body`).
     Writing {
-        body: B,
         out: Out,
         done: bool,
     },
@@ -178,7 +177,11 @@ pub(crate) struct Conn<I, S, F, B> {
     headers: Option<HeaderMap>,
     /// The request path's future, in a box made once (and let go at a release).
     in_flight: Option<Pin<Box<Option<F>>>>,
-    phase: Phase<B>,
+    phase: Phase,
+    /// The answer's body while it is written, in a box made once (and let go at a
+    /// release): inline, it would size the connection's task by an answer's state
+    /// (the access log's record) even while idle.
+    body: Option<Box<Option<B>>>,
     left: Left,
     /// `Expect: 100-continue` not answered yet.
     continue_due: bool,
@@ -237,6 +240,7 @@ where
             headers: None,
             in_flight: None,
             phase: Phase::Head,
+            body: None,
             left: Left::Done,
             continue_due: false,
             keep_alive: true,
@@ -309,6 +313,7 @@ where
         self.write = Vec::new();
         self.headers = None;
         self.in_flight = None;
+        self.body = None;
         self.shared = None;
         self.timer = None;
         if let Some(g) = &self.released_gauge {
@@ -643,18 +648,21 @@ where
         }
         parts.headers.clear();
         self.headers = Some(parts.headers);
-        self.phase = Phase::Writing {
-            body,
-            out,
-            done: false,
-        };
+        match &mut self.body {
+            Some(slot) => **slot = Some(body),
+            None => self.body = Some(Box::new(Some(body))),
+        }
+        self.phase = Phase::Writing { out, done: false };
     }
 
     /// The answer's body written as it comes; each piece flushed when the body has
     /// nothing more ready.
     fn poll_writing(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), H1Error>> {
         loop {
-            let Phase::Writing { body, out, done } = &mut self.phase else {
+            let Phase::Writing { out, done } = &mut self.phase else {
+                return Poll::Ready(Ok(()));
+            };
+            let Some(body) = self.body.as_deref_mut().and_then(Option::as_mut) else {
                 return Poll::Ready(Ok(()));
             };
             let mut waiting = false;
@@ -681,6 +689,7 @@ where
                         // Cut short: the client sees an incomplete message.
                         self.keep_alive = false;
                         self.failure = Some(H1Error::Body(e.into()));
+                        self.drop_body();
                         self.phase = Phase::Closing;
                         return Poll::Ready(Ok(()));
                     }
@@ -697,6 +706,10 @@ where
                 }
             }
             let done = *done;
+            if done {
+                // Ended: what it held (its permits, the access log's record) goes now.
+                self.drop_body();
+            }
             ready!(self.poll_write_out(cx)).map_err(H1Error::Io)?;
             if done {
                 ready!(Pin::new(&mut self.io).poll_flush(cx)).map_err(H1Error::Io)?;
@@ -706,11 +719,19 @@ where
             if waiting {
                 ready!(Pin::new(&mut self.io).poll_flush(cx)).map_err(H1Error::Io)?;
                 if self.poll_left(cx).is_ready() {
+                    self.drop_body();
                     self.phase = Phase::Done;
                     return Poll::Ready(Ok(()));
                 }
                 return Poll::Pending;
             }
+        }
+    }
+
+    /// The answer's body let go (the box kept for the next answer).
+    fn drop_body(&mut self) {
+        if let Some(slot) = &mut self.body {
+            **slot = None;
         }
     }
 
@@ -790,6 +811,7 @@ where
                 }
                 Phase::Done => {
                     this.in_flight = None;
+                    this.body = None;
                     return Poll::Ready(match this.failure.take() {
                         Some(e) => Err(e),
                         None => Ok(()),
