@@ -110,7 +110,13 @@ struct Judged {
     /// Whether the chain's CRL Distribution Points were offered under this verdict
     /// (`revocation::presented`; once per chain and generation, not per connection).
     offered: std::sync::OnceLock<()>,
+    /// The chain judged: a later connection presenting the same chain keeps this copy
+    /// rather than one of its own (a Leader's many connections, one copy).
+    chain: Option<Chain>,
 }
+
+/// A client's certificate chain, owned and shared.
+type Chain = Arc<[CertificateDer<'static>]>;
 
 /// A connection's client chain and its current verdict.
 pub struct ConnIdentity {
@@ -170,9 +176,22 @@ impl ConnIdentity {
         chain_checked: bool,
         now: u64,
     ) -> ConnIdentity {
-        let chain: Option<Arc<[CertificateDer<'static>]>> =
+        let key = chain.map(chain_key);
+        if let Some(hit) = key.as_ref().and_then(|k| trust.verdicts.get(k, now)) {
+            // The same chain (its bytes' SHA-256): its verdict and its kept copy.
+            if hit.chain.is_some() {
+                return ConnIdentity {
+                    chain: hit.chain.clone(),
+                    current: ArcSwap::new(hit),
+                };
+            }
+        }
+        let chain: Option<Chain> =
             chain.map(|c| c.iter().map(|d| d.clone().into_owned()).collect());
-        let judged = judge(chain.as_deref(), trust, chain_checked, now);
+        let judged = Arc::new(judge_anew(chain.as_ref(), trust, chain_checked, now));
+        if let Some(k) = key {
+            trust.verdicts.put(k, judged.clone());
+        }
         ConnIdentity {
             chain,
             current: ArcSwap::new(judged),
@@ -197,7 +216,7 @@ impl ConnIdentity {
         if cur.generation == trust.generation && now < cur.recheck_at {
             return cur.auth.clone();
         }
-        let judged = judge(self.chain.as_deref(), trust, false, now);
+        let judged = judge(self.chain.as_ref(), trust, false, now);
         let auth = judged.auth.clone();
         if outcome(&cur.auth) != outcome(&auth) {
             changed(&cur.auth, &auth);
@@ -252,13 +271,8 @@ fn outcome(auth: &ConnAuth) -> Result<&str, &'static str> {
 
 /// The verdict on `chain` under `trust` at `now`: remembered from an earlier connection
 /// with the same chain under the same generation, or reached here (and remembered).
-fn judge(
-    chain: Option<&[CertificateDer<'static>]>,
-    trust: &Trust,
-    chain_checked: bool,
-    now: u64,
-) -> Arc<Judged> {
-    let key = chain.map(chain_key);
+fn judge(chain: Option<&Chain>, trust: &Trust, chain_checked: bool, now: u64) -> Arc<Judged> {
+    let key = chain.map(|c| chain_key(c));
     if let Some(hit) = key.as_ref().and_then(|k| trust.verdicts.get(k, now)) {
         return hit;
     }
@@ -269,12 +283,9 @@ fn judge(
     judged
 }
 
-fn judge_anew(
-    chain: Option<&[CertificateDer<'static>]>,
-    trust: &Trust,
-    chain_checked: bool,
-    now: u64,
-) -> Judged {
+fn judge_anew(chain: Option<&Chain>, trust: &Trust, chain_checked: bool, now: u64) -> Judged {
+    let kept = chain.cloned();
+    let chain = chain.map(|c| &c[..]);
     let verifier = (!chain_checked).then_some(&*trust.verifier);
     let auth = authenticate(
         chain,
@@ -300,6 +311,7 @@ fn judge_anew(
         recheck_at,
         ocsp: std::sync::OnceLock::new(),
         offered: std::sync::OnceLock::new(),
+        chain: kept,
     }
 }
 
@@ -449,6 +461,34 @@ mod tests {
         // Another chain is verified on its own.
         ConnIdentity::new(Some(&s.chain(B)), &reloaded, false, now);
         assert_eq!(s.verified(), 3);
+    }
+
+    /// Connections presenting the same chain keep one copy of it (the verdict's), under
+    /// a reload too; another chain, or no remembered verdict, is a copy of its own.
+    #[test]
+    fn connections_with_one_chain_share_one_copy() {
+        let s = Setup::new();
+        let chain = s.chain(A);
+        let now = unix_now();
+        let trust = s.trust(1, 100);
+        let first = ConnIdentity::new(Some(&chain), &trust, false, now);
+        let second = ConnIdentity::new(Some(&chain.clone()), &trust, false, now);
+        let kept = |id: &ConnIdentity| id.chain.clone().unwrap();
+        assert!(Arc::ptr_eq(&kept(&first), &kept(&second)));
+        let reloaded = s.trust(2, 100);
+        assert!(matches!(
+            first.verdict(&reloaded, now),
+            ConnAuth::Verified(_)
+        ));
+        let third = ConnIdentity::new(Some(&chain), &reloaded, false, now);
+        assert!(Arc::ptr_eq(&kept(&first), &kept(&third)));
+        let other = ConnIdentity::new(Some(&s.chain(B)), &reloaded, false, now);
+        assert!(!Arc::ptr_eq(&kept(&first), &kept(&other)));
+        let forgetful = s.trust(3, 0);
+        let a = ConnIdentity::new(Some(&chain), &forgetful, false, now);
+        let b = ConnIdentity::new(Some(&chain), &forgetful, false, now);
+        assert!(!Arc::ptr_eq(&kept(&a), &kept(&b)));
+        assert_eq!(aic_of(&a).as_deref(), Some(A));
     }
 
     #[test]
