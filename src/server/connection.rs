@@ -477,19 +477,7 @@ where
     }
 }
 
-impl<I, S, F, B> Closable for h1::Conn<I, S, F, B>
-where
-    I: h1::Io,
-    S: hyper::service::Service<
-            http::Request<crate::leader_body::RequestBody>,
-            Response = http::Response<B>,
-            Error = Infallible,
-            Future = F,
-        > + Unpin,
-    F: Future<Output = Result<http::Response<B>, Infallible>>,
-    B: http_body::Body<Data = bytes::Bytes> + Unpin,
-    B::Error: Into<crate::body::BoxError>,
-{
+impl<I: h1::Io, S: h1::Serve> Closable for h1::Conn<I, S> {
     type Failure = h1::H1Error;
     fn close_gracefully(self: Pin<&mut Self>) {
         self.get_mut().close_gracefully();

@@ -88,6 +88,30 @@ impl Io for tokio::io::DuplexStream {
     }
 }
 
+/// What serves a connection's requests: hyper's service trait, an answer to every
+/// request (the request path's errors are answers already), a body of `Bytes`.
+pub(crate) trait Serve:
+    hyper::service::Service<
+        Request<RequestBody>,
+        Response = Response<Self::Body>,
+        Error = std::convert::Infallible,
+    > + Unpin
+{
+    type Body: Body<Data = bytes::Bytes, Error: Into<crate::body::BoxError>> + Unpin;
+}
+
+impl<S, B> Serve for S
+where
+    S: hyper::service::Service<
+            Request<RequestBody>,
+            Response = Response<B>,
+            Error = std::convert::Infallible,
+        > + Unpin,
+    B: Body<Data = bytes::Bytes, Error: Into<crate::body::BoxError>> + Unpin,
+{
+    type Body = B;
+}
+
 /// A connection's bounds, from `[listener]`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Settings {
@@ -161,7 +185,7 @@ enum Phase {
 }
 
 /// An HTTP/1.1 connection served by the gateway's own server (module documentation).
-pub(crate) struct Conn<I, S, F, B> {
+pub(crate) struct Conn<I, S: Serve> {
     io: I,
     service: S,
     settings: Settings,
@@ -176,12 +200,12 @@ pub(crate) struct Conn<I, S, F, B> {
     /// The last answer's header map, cleared: the next head is read into it.
     headers: Option<HeaderMap>,
     /// The request path's future, in a box made once (and let go at a release).
-    in_flight: Option<Pin<Box<Option<F>>>>,
+    in_flight: Option<Pin<Box<Option<S::Future>>>>,
     phase: Phase,
     /// The answer's body while it is written, in a box made once (and let go at a
     /// release): inline, it would size the connection's task by an answer's state
     /// (the access log's record) even while idle.
-    body: Option<Box<Option<B>>>,
+    body: Option<Box<Option<S::Body>>>,
     left: Left,
     /// `Expect: 100-continue` not answered yet.
     continue_due: bool,
@@ -212,19 +236,7 @@ impl Drop for Released {
     }
 }
 
-impl<I, S, F, B> Conn<I, S, F, B>
-where
-    I: Io,
-    S: hyper::service::Service<
-        Request<RequestBody>,
-        Response = Response<B>,
-        Error = std::convert::Infallible,
-        Future = F,
-    >,
-    F: Future<Output = Result<Response<B>, std::convert::Infallible>>,
-    B: Body<Data = bytes::Bytes> + Unpin,
-    B::Error: Into<crate::body::BoxError>,
-{
+impl<I: Io, S: Serve> Conn<I, S> {
     /// Serves `io` with `service`; `released` counts connections released at a time.
     pub(crate) fn new(io: I, service: S, settings: Settings, released: Option<Gauge>) -> Self {
         Conn {
@@ -602,7 +614,7 @@ where
     }
 
     /// The request path answered: its head written into the write buffer.
-    fn answer(&mut self, resp: Response<B>, head_only: bool, http11: bool) {
+    fn answer(&mut self, resp: Response<S::Body>, head_only: bool, http11: bool) {
         let (mut parts, body) = resp.into_parts();
         // A body the path did not read: skipped if it is all here, else the connection
         // closes after this answer.
@@ -769,19 +781,7 @@ fn fail(shared: &Shared, failure: BodyFailure, cx: &Context<'_>) -> bool {
     true
 }
 
-impl<I, S, F, B> Future for Conn<I, S, F, B>
-where
-    I: Io,
-    S: hyper::service::Service<
-            Request<RequestBody>,
-            Response = Response<B>,
-            Error = std::convert::Infallible,
-            Future = F,
-        > + Unpin,
-    F: Future<Output = Result<Response<B>, std::convert::Infallible>>,
-    B: Body<Data = bytes::Bytes> + Unpin,
-    B::Error: Into<crate::body::BoxError>,
-{
+impl<I: Io, S: Serve> Future for Conn<I, S> {
     type Output = Result<(), H1Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
