@@ -121,6 +121,8 @@ pub struct ListenerConfig {
     pub header_read_timeout: Duration,
     /// Time for a whole request body to arrive.
     pub body_read_timeout: Duration,
+    /// How long an answer's write may wait for the client to read (HTTP/1.1).
+    pub write_timeout: Duration,
     /// Close a connection with no request in flight for this long.
     pub idle_timeout: Duration,
     /// Open client connections at most. At the limit, a new connection makes the one

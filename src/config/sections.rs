@@ -46,6 +46,7 @@ impl TryFrom<raw::RawListener> for ListenerConfig {
         positive("listener.handover_timeout", l.handover_timeout)?;
         positive("listener.header_read_timeout", l.header_read_timeout)?;
         positive("listener.body_read_timeout", l.body_read_timeout)?;
+        positive("listener.write_timeout", l.write_timeout)?;
         positive("listener.idle_timeout", l.idle_timeout)?;
         positive(
             "listener.unverified_idle_timeout",
@@ -82,6 +83,7 @@ impl TryFrom<raw::RawListener> for ListenerConfig {
             handshake_timeout: l.handshake_timeout,
             header_read_timeout: l.header_read_timeout,
             body_read_timeout: l.body_read_timeout,
+            write_timeout: l.write_timeout,
             idle_timeout: l.idle_timeout,
             max_connections: l.max_connections,
             http2_max_concurrent_streams: l.http2_max_concurrent_streams,

@@ -81,6 +81,7 @@ pub(super) async fn serve_connection(
         let settings = h1::Settings {
             header_read: l.header_read_timeout,
             release_after: l.idle_release_after,
+            write_stall: l.write_timeout,
             limits: l.head_limits,
         };
         let released = Some(metrics.released_connections.clone());
@@ -295,6 +296,7 @@ pub(super) struct ConnSettings {
     unverified_idle_timeout: Duration,
     drain_idle_grace: Duration,
     header_read_timeout: Duration,
+    write_timeout: Duration,
     idle_release_after: Duration,
     head_limits: h1::head::Limits,
     http2_max_concurrent_streams: u32,
@@ -308,6 +310,7 @@ impl ConnSettings {
             unverified_idle_timeout: l.unverified_idle_timeout,
             drain_idle_grace: l.drain_idle_grace,
             header_read_timeout: l.header_read_timeout,
+            write_timeout: l.write_timeout,
             idle_release_after: l.idle_release_after,
             head_limits: h1::head::Limits {
                 max_head_bytes: l.max_head_bytes,

@@ -285,6 +285,10 @@ pub struct RawListener {
     /// Time for a whole request body to arrive.
     #[serde(default = "d30s", with = "humantime_serde")]
     pub body_read_timeout: Duration,
+    /// How long an answer's write may wait for the client to read (HTTP/1.1): a client
+    /// that reads nothing for this long loses the connection.
+    #[serde(default = "d30s", with = "humantime_serde")]
+    pub write_timeout: Duration,
     /// Close a connection with no request in flight for this long.
     #[serde(default = "d60s", with = "humantime_serde")]
     pub idle_timeout: Duration,

@@ -19,6 +19,8 @@
 //!   HTTP/1.0 client ends with the connection;
 //! - a head must arrive within `listener.header_read_timeout` of its first byte (the
 //!   idle timeout, not this bound, decides how long a connection may wait for one);
+//! - a client that reads nothing of its answer for `listener.write_timeout` loses the
+//!   connection (a stalled reader holds neither the answer's state nor a slot forever);
 //! - a client that leaves while its request is served ends the request (no half-close,
 //!   as hyper by default);
 //! - a body the request path did not read closes the connection after the answer,
@@ -118,6 +120,8 @@ pub(crate) struct Settings {
     pub(crate) header_read: Duration,
     /// `Duration::ZERO`: buffers are never let go.
     pub(crate) release_after: Duration,
+    /// How long a write may wait for the client to read (`listener.write_timeout`).
+    pub(crate) write_stall: Duration,
     pub(crate) limits: Limits,
 }
 
@@ -215,11 +219,13 @@ pub(crate) struct Conn<I, S: Serve> {
     closing: bool,
     /// The client's end of the stream was read.
     read_closed: bool,
-    /// One timer: the header bound while a head is partly read, the release delay while
-    /// idle. `None` until first needed.
+    /// One timer: the header bound while a head is partly read, the write bound while a
+    /// write waits, the release delay while idle. `None` until first needed.
     timer: Option<Deadline>,
     /// When the header bound passes (a head partly read).
     head_deadline: Option<Instant>,
+    /// When a write the client holds up fails (`listener.write_timeout`).
+    write_deadline: Option<Instant>,
     /// When the last answer was written (the release delay counts from it).
     idle_since: Instant,
     released: Option<Released>,
@@ -260,6 +266,7 @@ impl<I: Io, S: Serve> Conn<I, S> {
             read_closed: false,
             timer: None,
             head_deadline: None,
+            write_deadline: None,
             idle_since: Instant::now(),
             released: None,
             released_gauge: released,
@@ -301,7 +308,8 @@ impl<I: Io, S: Serve> Conn<I, S> {
     /// Writes the write buffer out (not flushed).
     fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while self.written < self.write.len() {
-            let n = ready!(Pin::new(&mut self.io).poll_write(cx, &self.write[self.written..]))?;
+            let polled = Pin::new(&mut self.io).poll_write(cx, &self.write[self.written..]);
+            let n = ready!(self.stalled(polled, cx))?;
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
@@ -310,6 +318,30 @@ impl<I: Io, S: Serve> Conn<I, S> {
         self.write.clear();
         self.written = 0;
         Poll::Ready(Ok(()))
+    }
+
+    /// Flushes what was written (the TLS records out to the socket).
+    fn poll_flush_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.io).poll_flush(cx);
+        self.stalled(polled, cx)
+    }
+
+    /// A write or flush's outcome, bounded: one the client does not let through for
+    /// `listener.write_timeout` (it reads nothing) fails with `TimedOut`.
+    fn stalled<T>(
+        &mut self,
+        polled: Poll<io::Result<T>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<T>> {
+        if polled.is_ready() {
+            self.write_deadline = None;
+            return polled;
+        }
+        let at = *self
+            .write_deadline
+            .get_or_insert_with(|| Instant::now() + self.settings.write_stall);
+        ready!(self.poll_timer(at, cx));
+        Poll::Ready(Err(io::ErrorKind::TimedOut.into()))
     }
 
     /// The timer, set to `at` (made at first use; moved otherwise).
@@ -499,7 +531,7 @@ impl<I: Io, S: Serve> Conn<I, S> {
         }
         if !self.write.is_empty() {
             ready!(self.poll_write_out(cx))?;
-            ready!(Pin::new(&mut self.io).poll_flush(cx))?;
+            ready!(self.poll_flush_out(cx))?;
         }
         loop {
             let decoded = match &mut self.left {
@@ -724,12 +756,12 @@ impl<I: Io, S: Serve> Conn<I, S> {
             }
             ready!(self.poll_write_out(cx)).map_err(H1Error::Io)?;
             if done {
-                ready!(Pin::new(&mut self.io).poll_flush(cx)).map_err(H1Error::Io)?;
+                ready!(self.poll_flush_out(cx)).map_err(H1Error::Io)?;
                 self.finish();
                 return Poll::Ready(Ok(()));
             }
             if waiting {
-                ready!(Pin::new(&mut self.io).poll_flush(cx)).map_err(H1Error::Io)?;
+                ready!(self.poll_flush_out(cx)).map_err(H1Error::Io)?;
                 if self.poll_left(cx).is_ready() {
                     self.drop_body();
                     self.phase = Phase::Done;
@@ -806,7 +838,8 @@ impl<I: Io, S: Serve> Future for Conn<I, S> {
                     // does not read it or its close_notify does not hold the close up
                     // past the connection's grace (`drive`).
                     let _ = ready!(this.poll_write_out(cx));
-                    let _ = ready!(Pin::new(&mut this.io).poll_shutdown(cx));
+                    let shut = Pin::new(&mut this.io).poll_shutdown(cx);
+                    let _ = ready!(this.stalled(shut, cx));
                     this.phase = Phase::Done;
                 }
                 Phase::Done => {

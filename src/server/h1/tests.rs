@@ -17,6 +17,7 @@ use super::*;
 const SETTINGS: Settings = Settings {
     header_read: Duration::from_secs(10),
     release_after: Duration::ZERO,
+    write_stall: Duration::from_secs(30),
     limits: Limits {
         max_head_bytes: 16 * 1024,
         max_headers: 100,
@@ -262,6 +263,54 @@ async fn a_head_must_be_whole_within_the_header_bound_of_its_first_byte() {
     assert!(closed && text.is_empty(), "{text}");
     assert_eq!(started.elapsed(), Duration::from_secs(2));
     assert!(matches!(server.await.unwrap(), Err(H1Error::HeadTimeout)));
+}
+
+/// A client that reads nothing of a large answer loses the connection after the write
+/// bound (the answer's state with it); one that reads, however slowly, keeps it.
+#[tokio::test(start_paused = true)]
+async fn a_client_that_reads_nothing_loses_the_connection_after_the_write_bound() {
+    let big = |_req: Request<RequestBody>| async {
+        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(vec![b'x'; 1 << 20]))))
+    };
+    let settings = Settings {
+        write_stall: Duration::from_secs(3),
+        ..SETTINGS
+    };
+    // A small pipe: the answer fills it at once.
+    let (mut client, server) = tokio::io::duplex(4096);
+    let task = tokio::spawn(Conn::new(server, service_fn(big), settings, None));
+    client
+        .write_all(b"GET / HTTP/1.1\r\nhost: gw\r\n\r\n")
+        .await
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(60), task)
+        .await
+        .expect("a client reading nothing held the connection")
+        .unwrap();
+    assert_eq!(started.elapsed(), Duration::from_secs(3));
+    assert!(
+        matches!(&ended, Err(H1Error::Io(e)) if e.kind() == io::ErrorKind::TimedOut),
+        "{ended:?}"
+    );
+    // Read slowly (a piece every 2 s, under the bound): the whole answer arrives.
+    let (mut client, server) = tokio::io::duplex(64 * 1024);
+    let task = tokio::spawn(Conn::new(server, service_fn(big), settings, None));
+    client
+        .write_all(b"GET / HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = 0;
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        match client.read(&mut buf).await.unwrap() {
+            0 => break,
+            n => got += n,
+        }
+    }
+    assert!(got > 1 << 20, "{got}");
+    assert!(task.await.unwrap().is_ok());
 }
 
 /// A refused head is answered with its status and a JSON-RPC error, then closed.
