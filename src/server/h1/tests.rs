@@ -455,6 +455,8 @@ const STRICTER: &[&str] = &[
     "GET / HTTP/1.1\r\nhost: a\r\nhost: b\r\n\r\n",
     // Transfer-Encoding with Content-Length.
     "POST / HTTP/1.1\r\nhost: gw\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n0\r\n\r\n",
+    // An absolute-form target naming another host than Host.
+    "GET http://b/ HTTP/1.1\r\nhost: a\r\n\r\n",
 ];
 
 #[tokio::test(start_paused = true)]
