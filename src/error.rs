@@ -97,6 +97,15 @@ pub enum GatewayError {
     /// Only POST carries JSON-RPC.
     #[error("HTTP method {0} is not allowed; use POST")]
     HttpMethod(http::Method),
+    /// An HTTP/1.1 request head refused before any request was made of it: framing two
+    /// readers could read differently, or a head over the listener's bounds (431).
+    #[error("malformed HTTP request: {reason}")]
+    MalformedHttp {
+        /// 400, or 431 for a head over `listener.max_head_bytes` / `max_headers`.
+        status: StatusCode,
+        /// Short label: `bad_content_length`, `bare_lf`, `head_too_large`, ...
+        reason: &'static str,
+    },
     /// No Partner serves this host and path.
     #[error("no Partner at {0}")]
     NoRoute(String),
@@ -243,6 +252,7 @@ impl GatewayError {
                 INVALID_REQUEST,
                 "http_method",
             ),
+            GatewayError::MalformedHttp { status, reason } => (*status, INVALID_REQUEST, reason),
             GatewayError::NoRoute(_) => (StatusCode::NOT_FOUND, METHOD_NOT_FOUND, "no_route"),
             GatewayError::MethodPathMismatch { .. } => (
                 StatusCode::BAD_REQUEST,
@@ -299,6 +309,7 @@ impl GatewayError {
             GatewayError::BodyTooLarge { .. }
                 | GatewayError::BodyTimeout
                 | GatewayError::BodyRead
+                | GatewayError::MalformedHttp { .. }
                 | GatewayError::RateLimited {
                     body_unread: true,
                     ..
@@ -365,6 +376,7 @@ impl GatewayError {
             GatewayError::BodyTooLarge { .. }
                 | GatewayError::HttpMethod(_)
                 | GatewayError::BodyTimeout
+                | GatewayError::MalformedHttp { .. }
         )
     }
 
@@ -448,6 +460,15 @@ mod tests {
                 "not_task_owner",
             ),
             (limited, 429, codes::RATE_LIMITED, "aic_rate"),
+            (
+                GatewayError::MalformedHttp {
+                    status: StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                    reason: "head_too_large",
+                },
+                431,
+                codes::INVALID_REQUEST,
+                "head_too_large",
+            ),
             (
                 unavailable,
                 502,

@@ -52,6 +52,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 
+use crate::error::ErrorStatus;
+use crate::error::GatewayError;
+use crate::jsonrpc::RpcId;
 use crate::leader_body::{lock, BodyFailure, RequestBody, Shared, Slot};
 use crate::timers::Deadline;
 use chunked::Chunked;
@@ -489,26 +492,26 @@ impl<I: Io, S: Serve> Conn<I, S> {
         self.phase = Phase::Serving { head_only, http11 };
     }
 
-    /// A refused head: its answer written, then the connection closed.
+    /// A refused head: its answer (the gateway's JSON-RPC error, id `null`) written, then
+    /// the connection closed.
     fn refuse(&mut self, refused: Refused) {
-        let body = format!(
-            r#"{{"jsonrpc":"2.0","id":null,"error":{{"code":-32600,"message":"malformed HTTP request: {}"}}}}"#,
-            refused.reason
-        );
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("application/json"),
-        );
-        let line = HeadLine {
+        let error = GatewayError::MalformedHttp {
             status: StatusCode::from_u16(refused.status).unwrap_or(StatusCode::BAD_REQUEST),
+            reason: refused.reason,
+        };
+        // The status is the framing's to say: `listener.error_status` does not change it.
+        let (parts, body) = error
+            .into_response(&RpcId::null(), ErrorStatus::Mapped)
+            .into_parts();
+        let line = HeadLine {
+            status: parts.status,
             length: Some(body.len() as u64),
             head_only: false,
             http11: true,
             keep_alive: false,
         };
-        encode::head(&mut self.write, line, &headers);
-        self.write.extend_from_slice(body.as_bytes());
+        encode::head(&mut self.write, line, &parts.headers);
+        self.write.extend_from_slice(&body);
         self.keep_alive = false;
         self.failure = Some(H1Error::Malformed(refused));
         self.read.clear();
