@@ -45,7 +45,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
 use http_body::Body;
 use prometheus_client::metrics::gauge::Gauge;
@@ -57,7 +57,7 @@ use crate::error::GatewayError;
 use crate::jsonrpc::RpcId;
 use crate::leader_body::{lock, BodyFailure, RequestBody, Shared, Slot};
 use crate::timers::Deadline;
-use chunked::Chunked;
+use chunked::{BadChunk, Chunked};
 use encode::{HeadLine, Out};
 use head::{Framing, Limits, Refused};
 
@@ -166,10 +166,52 @@ impl H1Error {
 
 /// How much of the request's body is still to be read.
 #[derive(Debug)]
-enum Left {
+pub(crate) enum Left {
     Done,
     Length(u64),
     Chunked(Chunked),
+}
+
+impl Left {
+    /// All of a body framed so (`Length(0)`: none).
+    pub(crate) fn of(framing: Framing) -> Left {
+        match framing {
+            Framing::Length(0) => Left::Done,
+            Framing::Length(n) => Left::Length(n),
+            Framing::Chunked => Left::Chunked(Chunked::new()),
+        }
+    }
+
+    /// The body's next piece off the front of `buf` (a slice of it, framing taken off),
+    /// and whether the body ends with it; `None` until more bytes come (or once it has
+    /// ended). The connection's body reads and the fuzz target's (`pieces`) go through
+    /// here alike.
+    pub(crate) fn next(&mut self, buf: &mut BytesMut) -> Result<Option<(Bytes, bool)>, BadChunk> {
+        match self {
+            Left::Done => Ok(None),
+            Left::Length(n) => {
+                let take = usize::try_from(*n).unwrap_or(usize::MAX).min(buf.len());
+                if take == 0 {
+                    return Ok(None);
+                }
+                *n -= take as u64;
+                let done = *n == 0;
+                let data = buf.split_to(take).freeze();
+                if done {
+                    *self = Left::Done;
+                }
+                Ok(Some((data, done)))
+            }
+            Left::Chunked(c) => match c.decode(buf)? {
+                Some(d) => Ok(Some((d, false))),
+                None if c.is_done() => {
+                    *self = Left::Done;
+                    Ok(Some((Bytes::new(), true)))
+                }
+                None => Ok(None),
+            },
+        }
+    }
 }
 
 /// Where the connection stands.
@@ -446,11 +488,7 @@ impl<I: Io, S: Serve> Conn<I, S> {
             Framing::Length(n) => Some(n),
             Framing::Chunked => None,
         };
-        self.left = match h.framing {
-            Framing::Length(0) => Left::Done,
-            Framing::Length(n) => Left::Length(n),
-            Framing::Chunked => Left::Chunked(Chunked::new()),
-        };
+        self.left = Left::of(h.framing);
         let shared = if matches!(self.left, Left::Done) {
             None
         } else {
@@ -537,31 +575,7 @@ impl<I: Io, S: Serve> Conn<I, S> {
             ready!(self.poll_flush_out(cx))?;
         }
         loop {
-            let decoded = match &mut self.left {
-                Left::Done => return Poll::Ready(Ok(false)),
-                Left::Length(n) => {
-                    let take = usize::try_from(*n)
-                        .unwrap_or(usize::MAX)
-                        .min(self.read.len());
-                    *n -= take as u64;
-                    let done = *n == 0;
-                    if done {
-                        self.left = Left::Done;
-                    }
-                    Ok((take > 0)
-                        .then(|| self.read.split_to(take).freeze())
-                        .map(|d| (d, done)))
-                }
-                Left::Chunked(c) => match c.decode(&mut self.read) {
-                    Ok(Some(d)) => Ok(Some((d, false))),
-                    Ok(None) if c.is_done() => {
-                        self.left = Left::Done;
-                        Ok(Some((bytes::Bytes::new(), true)))
-                    }
-                    Ok(None) => Ok(None),
-                    Err(bad) => Err(bad),
-                },
-            };
+            let decoded = self.left.next(&mut self.read);
             match decoded {
                 Ok(Some((data, done))) => {
                     let mut slot = lock(&shared);

@@ -4,8 +4,8 @@
 use bytes::BytesMut;
 use http::HeaderMap;
 
-use super::chunked::Chunked;
-use super::head::{self, Framing, Limits};
+use super::head::{self, Limits};
+use super::Left;
 
 /// What `data`, delivered `piece` bytes at a time, reads as: each request's head and body,
 /// then the refusal or what is left incomplete. The same text whatever `piece` is.
@@ -17,28 +17,25 @@ pub fn requests_in_pieces(data: &[u8], piece: usize) -> String {
     let mut out = String::new();
     let mut buf = BytesMut::new();
     let mut scanned = 0;
-    let mut body: Option<(Framing, Chunked, Vec<u8>)> = None;
+    let mut body: Option<(Left, Vec<u8>)> = None;
     for part in data.chunks(piece.max(1)) {
         buf.extend_from_slice(part);
         loop {
-            if let Some((framing, chunked, got)) = &mut body {
-                let ended = match framing {
-                    Framing::Length(n) => {
-                        let take = (*n as usize).min(buf.len());
-                        got.extend_from_slice(&buf.split_to(take));
-                        *n -= take as u64;
-                        *n == 0
-                    }
-                    Framing::Chunked => loop {
-                        match chunked.decode(&mut buf) {
-                            Ok(Some(d)) => got.extend_from_slice(&d),
-                            Ok(None) => break chunked.is_done(),
-                            Err(e) => {
-                                out.push_str(&format!("bad body: {}\n", e.0));
-                                return out;
+            if let Some((left, got)) = &mut body {
+                let ended = loop {
+                    match left.next(&mut buf) {
+                        Ok(Some((d, done))) => {
+                            got.extend_from_slice(&d);
+                            if done {
+                                break true;
                             }
                         }
-                    },
+                        Ok(None) => break matches!(left, Left::Done),
+                        Err(e) => {
+                            out.push_str(&format!("bad body: {}\n", e.0));
+                            return out;
+                        }
+                    }
                 };
                 if !ended {
                     break;
@@ -61,7 +58,7 @@ pub fn requests_in_pieces(data: &[u8], piece: usize) -> String {
                         h.keep_alive,
                         h.expect_continue
                     ));
-                    body = Some((h.framing, Chunked::new(), Vec::new()));
+                    body = Some((Left::of(h.framing), Vec::new()));
                 }
                 Ok(None) => break,
                 Err(r) => {
