@@ -78,14 +78,8 @@ pub(super) async fn serve_connection(
         (why, failure)
     } else {
         let svc = requests(stack, &activity, conn, verified, h2);
-        let settings = h1::Settings {
-            header_read: l.header_read_timeout,
-            release_after: l.idle_release_after,
-            write_stall: l.write_timeout,
-            limits: l.head_limits,
-        };
         let released = Some(metrics.released_connections.clone());
-        let conn = std::pin::pin!(h1::Conn::new(tls, svc, settings, released));
+        let conn = std::pin::pin!(h1::Conn::new(tls, svc, l.http1, released));
         let (why, ended) = drive(conn, &activity, bounds, drain).await;
         let failure = ended.err().map(|e| Failure {
             malformed: e.malformed(),
@@ -93,8 +87,8 @@ pub(super) async fn serve_connection(
         });
         (why, failure)
     };
-    // Counted here, not on the request path: hyper may end an HTTP/1.1 connection with
-    // `Connection: close` before `drive` sees the ask.
+    // Counted here, not on the request path: an HTTP/1.1 connection may end after an
+    // answer with `Connection: close` before `drive` sees the ask.
     if activity.why() == Asked::Reply {
         closed(&metrics, "unverified_reply");
     } else if why == Some(Why::Idle) && !verified {
@@ -295,10 +289,8 @@ pub(super) struct ConnSettings {
     idle_timeout: Duration,
     unverified_idle_timeout: Duration,
     drain_idle_grace: Duration,
-    header_read_timeout: Duration,
-    write_timeout: Duration,
-    idle_release_after: Duration,
-    head_limits: h1::head::Limits,
+    /// The HTTP/1.1 server's bounds.
+    http1: h1::Settings,
     http2_max_concurrent_streams: u32,
     http2_keepalive_timeout: Duration,
 }
@@ -309,12 +301,14 @@ impl ConnSettings {
             idle_timeout: l.idle_timeout,
             unverified_idle_timeout: l.unverified_idle_timeout,
             drain_idle_grace: l.drain_idle_grace,
-            header_read_timeout: l.header_read_timeout,
-            write_timeout: l.write_timeout,
-            idle_release_after: l.idle_release_after,
-            head_limits: h1::head::Limits {
-                max_head_bytes: l.max_head_bytes,
-                max_headers: l.max_headers,
+            http1: h1::Settings {
+                header_read: l.header_read_timeout,
+                release_after: l.idle_release_after,
+                write_stall: l.write_timeout,
+                limits: h1::head::Limits {
+                    max_head_bytes: l.max_head_bytes,
+                    max_headers: l.max_headers,
+                },
             },
             http2_max_concurrent_streams: l.http2_max_concurrent_streams,
             http2_keepalive_timeout: l.http2_keepalive_timeout,
