@@ -146,6 +146,7 @@ pub(crate) mod answer;
 pub mod audit;
 pub mod background;
 pub mod body;
+pub(crate) mod chunked;
 pub mod cli;
 pub mod cluster;
 pub mod config;

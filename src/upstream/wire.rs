@@ -8,17 +8,16 @@
 //! on the request's own task. The rules are strict where a lenient reading could let one
 //! response bleed into the next on a reused connection: both `Transfer-Encoding` and
 //! `Content-Length`, a coding other than `chunked`, differing lengths, a bare LF in
-//! chunked framing: each is refused, never guessed.
+//! chunked framing: each is refused, never guessed. Chunked bodies are decoded by the
+//! decoder the HTTP/1.1 server uses for Leaders' bodies (`crate::chunked`).
 
+use crate::chunked::{BadChunk, Chunked};
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
 
 /// Most response header fields read.
 pub(crate) const MAX_HEADERS: usize = 100;
-/// Longest chunk-size line (with its extensions) or trailer section accepted.
-const MAX_CHUNK_LINE: usize = 4096;
-const MAX_TRAILERS: usize = 16 * 1024;
 
 /// How a Partner's response broke HTTP/1.1.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -288,7 +287,7 @@ impl Decoder {
         match framing {
             Framing::Empty | Framing::Length(0) => Decoder::Done,
             Framing::Length(n) => Decoder::Length(n),
-            Framing::Chunked => Decoder::Chunked(Chunked::default()),
+            Framing::Chunked => Decoder::Chunked(Chunked::new()),
             Framing::Close => Decoder::Close,
         }
     }
@@ -336,15 +335,16 @@ impl Decoder {
                 }
                 Ok(Decoded::NeedMore)
             }
-            Decoder::Chunked(c) => {
-                let step = c.next(buf).map_err(Truncated::Invalid)?;
-                if step == Decoded::End {
+            Decoder::Chunked(c) => match c.decode(buf) {
+                Err(BadChunk(why)) => Err(Truncated::Invalid(WireError::Chunked(why))),
+                Ok(Some(data)) => Ok(Decoded::Data(data)),
+                Ok(None) if c.is_done() => {
                     *self = Decoder::Done;
-                } else if step == Decoded::NeedMore && eof {
-                    return Err(Truncated::Eof);
+                    Ok(Decoded::End)
                 }
-                Ok(step)
-            }
+                Ok(None) if eof => Err(Truncated::Eof),
+                Ok(None) => Ok(Decoded::NeedMore),
+            },
         }
     }
 }
@@ -355,187 +355,6 @@ pub(crate) enum Truncated {
     /// The connection closed first.
     Eof,
     Invalid(WireError),
-}
-
-/// The chunked coding's state between reads.
-#[derive(Debug, Default)]
-pub(crate) struct Chunked {
-    state: ChunkState,
-    /// Bytes of the current size line, or of the trailer section, seen so far.
-    line: usize,
-}
-
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-enum ChunkState {
-    /// Hex digits of a chunk size (`size`, `digits` read so far).
-    #[default]
-    Start,
-    Size {
-        size: u64,
-        digits: u8,
-    },
-    /// Spaces after the size, before `;` or CR.
-    SizeSpace {
-        size: u64,
-    },
-    /// A chunk extension, skipped to its CR.
-    Extension {
-        size: u64,
-    },
-    SizeLf {
-        size: u64,
-    },
-    Data {
-        left: u64,
-    },
-    DataCr,
-    DataLf,
-    /// After the last chunk: trailer lines, `at_line_start` when the previous byte ended
-    /// a line.
-    Trailer {
-        at_line_start: bool,
-        cr: bool,
-    },
-    End,
-}
-
-impl Chunked {
-    fn next(&mut self, buf: &mut BytesMut) -> Result<Decoded, WireError> {
-        let mut used = 0;
-        let step = loop {
-            if let ChunkState::Data { left } = self.state {
-                if used > 0 {
-                    let _ = buf.split_to(used);
-                    used = 0;
-                }
-                if buf.is_empty() {
-                    break Decoded::NeedMore;
-                }
-                let n = left.min(buf.len() as u64) as usize;
-                self.state = if left == n as u64 {
-                    ChunkState::DataCr
-                } else {
-                    ChunkState::Data {
-                        left: left - n as u64,
-                    }
-                };
-                return Ok(Decoded::Data(buf.split_to(n).freeze()));
-            }
-            if self.state == ChunkState::End {
-                break Decoded::End;
-            }
-            let Some(&b) = buf.get(used) else {
-                break Decoded::NeedMore;
-            };
-            used += 1;
-            self.state = self.byte(b)?;
-        };
-        let _ = buf.split_to(used);
-        Ok(step)
-    }
-
-    /// The state after byte `b` (outside a chunk's data, which is taken whole).
-    fn byte(&mut self, b: u8) -> Result<ChunkState, WireError> {
-        use ChunkState::*;
-        match (self.state, b) {
-            (Start | Size { .. } | SizeSpace { .. } | Extension { .. } | SizeLf { .. }, _) => {
-                self.size_line(b)
-            }
-            (DataCr, b'\r') => Ok(DataLf),
-            (DataCr, _) => Err(WireError::Chunked("chunk longer than its size")),
-            (DataLf, b'\n') => Ok(Start),
-            (DataLf, _) => Err(WireError::Chunked("a CR without LF")),
-            (Trailer { .. }, _) => self.trailer(b),
-            // Handled by the caller before a byte is read.
-            (Data { .. } | End, _) => Err(WireError::Chunked("state")),
-        }
-    }
-
-    /// A byte of a chunk-size line: hex digits, optional spaces and extension, CRLF.
-    fn size_line(&mut self, b: u8) -> Result<ChunkState, WireError> {
-        use ChunkState::*;
-        if !matches!(self.state, SizeLf { .. }) {
-            self.line += 1;
-            if self.line > MAX_CHUNK_LINE {
-                return Err(WireError::Chunked("chunk-size line too long"));
-            }
-        }
-        let next = match (self.state, b) {
-            (Start, _) => match hex(b) {
-                Some(d) => Size {
-                    size: u64::from(d),
-                    digits: 1,
-                },
-                None => return Err(WireError::Chunked("chunk size")),
-            },
-            (Size { size, digits }, _) if hex(b).is_some() => {
-                if digits >= 16 {
-                    return Err(WireError::Chunked("chunk size too large"));
-                }
-                Size {
-                    size: size << 4 | u64::from(hex(b).unwrap_or(0)),
-                    digits: digits + 1,
-                }
-            }
-            (Size { size, .. } | SizeSpace { size }, b' ' | b'\t') => SizeSpace { size },
-            (Size { size, .. } | SizeSpace { size }, b';') => Extension { size },
-            (Size { size, .. } | SizeSpace { size } | Extension { size }, b'\r') => SizeLf { size },
-            (Extension { size }, b) if b == b'\t' || (b' '..0x7f).contains(&b) || b >= 0x80 => {
-                Extension { size }
-            }
-            (SizeLf { size }, b'\n') => {
-                self.line = 0;
-                if size == 0 {
-                    Trailer {
-                        at_line_start: true,
-                        cr: false,
-                    }
-                } else {
-                    Data { left: size }
-                }
-            }
-            (Extension { .. }, _) => return Err(WireError::Chunked("chunk extension")),
-            (SizeLf { .. }, _) => return Err(WireError::Chunked("a CR without LF")),
-            _ => return Err(WireError::Chunked("chunk size")),
-        };
-        Ok(next)
-    }
-
-    /// A byte of the trailer section, which ends at an empty line.
-    fn trailer(&mut self, b: u8) -> Result<ChunkState, WireError> {
-        let ChunkState::Trailer { at_line_start, cr } = self.state else {
-            return Err(WireError::Chunked("state"));
-        };
-        let line_start = |at_line_start| ChunkState::Trailer {
-            at_line_start,
-            cr: false,
-        };
-        match (cr, b) {
-            (false, b'\r') => Ok(ChunkState::Trailer {
-                at_line_start,
-                cr: true,
-            }),
-            (true, b'\n') if at_line_start => Ok(ChunkState::End),
-            (true, b'\n') => Ok(line_start(true)),
-            (false, b) if b != b'\n' => {
-                self.line += 1;
-                if self.line > MAX_TRAILERS {
-                    return Err(WireError::Chunked("trailer section too long"));
-                }
-                Ok(line_start(false))
-            }
-            _ => Err(WireError::Chunked("trailer line")),
-        }
-    }
-}
-
-fn hex(b: u8) -> Option<u8> {
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
-    }
 }
 
 /// A Partner's response (head and body) read from `data` delivered whole and delivered

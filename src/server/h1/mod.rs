@@ -28,7 +28,6 @@
 //! - idle for `listener.idle_release_after`, the connection lets go of its read and
 //!   write buffers and its request state, and takes them again when bytes arrive.
 
-mod chunked;
 mod encode;
 pub(crate) mod head;
 #[cfg(any(test, feature = "test-util"))]
@@ -52,12 +51,12 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 
+use crate::chunked::{BadChunk, Chunked};
 use crate::error::ErrorStatus;
 use crate::error::GatewayError;
 use crate::jsonrpc::RpcId;
 use crate::leader_body::{lock, BodyFailure, RequestBody, Shared, Slot};
 use crate::timers::Deadline;
-use chunked::{BadChunk, Chunked};
 use encode::{HeadLine, Out};
 use head::{Framing, Limits, Refused};
 

@@ -441,6 +441,12 @@ const SAME: &[&str] = &[
     "G T / HTTP/1.1\r\nhost: gw\r\n\r\n",
     "\r\n\r\nGET / HTTP/1.1\r\nhost: gw\r\n\r\n",
     "GET / HTTP/1.0\r\n\r\n",
+    // A size, a space and more: hyper refuses it too (the merged decoder does since).
+    "POST / HTTP/1.1\r\nhost: gw\r\ntransfer-encoding: chunked\r\n\r\n5 5\r\nhello\r\n0\r\n\r\n",
+    "POST / HTTP/1.1\r\nhost: gw\r\ntransfer-encoding: chunked\r\n\r\n5 ;a=b\r\nhello\r\n0\r\n\r\n",
+    // Trailer lines that are not fields.
+    "POST / HTTP/1.1\r\nhost: gw\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\t\r\n\r\n",
+    "POST / HTTP/1.1\r\nhost: gw\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\tx\r\n\r\n",
 ];
 
 const STRICTER: &[&str] = &[
@@ -457,6 +463,8 @@ const STRICTER: &[&str] = &[
     "POST / HTTP/1.1\r\nhost: gw\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n0\r\n\r\n",
     // An absolute-form target naming another host than Host.
     "GET http://b/ HTTP/1.1\r\nhost: a\r\n\r\n",
+    // A control byte in a chunk extension (not a token or quoted string): hyper skips it.
+    "POST / HTTP/1.1\r\nhost: gw\r\ntransfer-encoding: chunked\r\n\r\n5;a\x01\r\nhello\r\n0\r\n\r\n",
 ];
 
 #[tokio::test(start_paused = true)]
@@ -503,6 +511,7 @@ const PIECES: &[&str] = &[
     "a",
     "chunked",
     "\0",
+    "\x01",
     ";",
     "-",
     "content-length: 5\r\n",
@@ -512,6 +521,19 @@ const PIECES: &[&str] = &[
     "0\r\n\r\n",
     "5\r\nhello\r\n",
     "GET / HTTP/1.1\r\n",
+];
+
+/// The reasons this server refuses for where hyper serves (or waits): the `STRICTER`
+/// inputs' reasons.
+const STRICTER_REASONS: &[&str] = &[
+    "bare_lf",
+    "bad_host",
+    "bad_content_length",
+    "bad_transfer_encoding",
+    "bad_chunk_extension",
+    // hyper refuses a trailer line that is not a field at the empty line after it; this
+    // server at the line's first byte (hyper waits meanwhile).
+    "bad_trailer",
 ];
 
 /// Mutations of valid requests, each decided by both servers: wherever hyper serves, this
@@ -583,10 +605,7 @@ async fn mutated_requests_are_never_read_differently_from_hyper() {
                 Decision::Refused(ours_served),
                 Decision::Served(theirs) | Decision::Refused(theirs),
             ) if theirs.starts_with(ours_served)
-                && matches!(
-                    reason,
-                    Some("bare_lf" | "bad_host" | "bad_content_length" | "bad_transfer_encoding")
-                ) =>
+                && reason.is_some_and(|r| STRICTER_REASONS.contains(&r)) =>
             {
                 stricter += 1;
             }
@@ -594,12 +613,7 @@ async fn mutated_requests_are_never_read_differently_from_hyper() {
             // trailers after a bare LF).
             (Decision::Refused(ours_served), Decision::Waiting)
                 if ours_served.is_empty()
-                    && matches!(
-                        reason,
-                        Some(
-                            "bare_lf" | "bad_host" | "bad_content_length" | "bad_transfer_encoding"
-                        )
-                    ) =>
+                    && reason.is_some_and(|r| STRICTER_REASONS.contains(&r)) =>
             {
                 stricter += 1;
             }

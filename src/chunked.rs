@@ -1,7 +1,15 @@
-//! A request body in `Transfer-Encoding: chunked` (RFC 9112 §7.1), decoded strictly and
-//! incrementally: sizes in hex (at most 15 digits), extensions skipped within a bound,
-//! every line ended by CRLF (a bare LF, or anything else where CRLF belongs, is refused),
-//! trailer fields skipped within a bound. Data comes out as slices of the read buffer.
+//! A body in `Transfer-Encoding: chunked` (RFC 9112 §7.1), decoded strictly and
+//! incrementally, the one decoder of both HTTP/1.1 sides: Leaders' request bodies
+//! (`server::h1`) and Partners' answers (`upstream::wire`). Two readers that frame a
+//! body differently are how requests are smuggled, so every rule is the stricter one:
+//! sizes in hex (at most 15 digits), optionally followed by spaces and then only `;` or
+//! CR; extensions of visible bytes, skipped within a bound; every line ended by CRLF (a
+//! bare LF, or anything else where CRLF belongs, is refused); trailers that are fields
+//! (`name: value`), skipped within a bound. Data comes out as slices of the read buffer.
+//!
+//! Written here rather than taken from a crate: the data must come out as slices of the
+//! connection's buffer without a copy, and the decoder must stop at any byte and go on
+//! from it when more arrive (the fuzz targets read every input whole and in pieces).
 
 use bytes::{Buf, Bytes, BytesMut};
 
@@ -13,6 +21,8 @@ pub(crate) const MAX_LINE_EXTRA: usize = 4096;
 enum Step {
     /// Reading a size's hex digits (`digits` so far).
     Size { size: u64, digits: u8 },
+    /// Spaces after the size, before `;` or CR.
+    SizeSpace { size: u64 },
     /// In the size line's extensions, `seen` bytes of them.
     Extension { size: u64, seen: usize },
     /// The size line's CR was read; its LF must follow.
@@ -109,17 +119,27 @@ impl Chunked {
                 b'\n' => return Err(BadChunk("bare_lf")),
                 _ if digits == 0 => return Err(BadChunk("bad_chunk_size")),
                 b'\r' => Step::SizeLf { size },
-                b';' | b' ' | b'\t' => Step::Extension { size, seen: 1 },
+                b';' => Step::Extension { size, seen: 1 },
+                b' ' | b'\t' => Step::SizeSpace { size },
+                _ => return Err(BadChunk("bad_chunk_size")),
+            },
+            // `5 5` is refused: after the spaces only an extension or the line's end.
+            Step::SizeSpace { size } => match b {
+                b' ' | b'\t' => Step::SizeSpace { size },
+                b';' => Step::Extension { size, seen: 1 },
+                b'\r' => Step::SizeLf { size },
+                b'\n' => return Err(BadChunk("bare_lf")),
                 _ => return Err(BadChunk("bad_chunk_size")),
             },
             Step::Extension { size, seen } => match b {
                 b'\r' => Step::SizeLf { size },
                 b'\n' => return Err(BadChunk("bare_lf")),
                 _ if seen >= MAX_LINE_EXTRA => return Err(BadChunk("chunk_extension_too_long")),
-                _ => Step::Extension {
+                b'\t' | b' '..=b'~' | 0x80..=0xff => Step::Extension {
                     size,
                     seen: seen + 1,
                 },
+                _ => return Err(BadChunk("bad_chunk_extension")),
             },
             Step::SizeLf { size } => match b {
                 b'\n' if size == 0 => Step::TrailerStart { seen: 0 },
@@ -195,7 +215,7 @@ mod tests {
     #[test]
     fn chunks_extensions_and_trailers_decode_alike_in_any_pieces() {
         let input =
-            b"4;name=value\r\nWiki\r\n5\r\npedia\r\nE\r\n in\r\n\r\nchunks.\r\n0\r\nx-t: 1\r\n\r\n";
+            b"4;name=value\r\nWiki\r\n5 \t; a=\"q\"\r\npedia\r\nE\r\n in\r\n\r\nchunks.\r\n0\r\nx-t: 1\r\n\r\n";
         for piece in 1..input.len() + 1 {
             let (data, done) = decode_in_pieces(input, piece).unwrap();
             assert_eq!(data, b"Wikipedia in\r\n\r\nchunks.");
@@ -220,6 +240,12 @@ mod tests {
             (b"0\r\nGET / HTTP/1.1\r\n\r\n", "bad_trailer"),
             (b"0\r\n: 1\r\n\r\n", "bad_trailer"),
             (b"0\r\nx-a: \x01\r\n\r\n", "bad_trailer"),
+            (b" 5\r\n", "bad_chunk_size"),
+            (b"g\r\n", "bad_chunk_size"),
+            (b"5 5\r\nhello\r\n", "bad_chunk_size"),
+            (b"5 \n", "bare_lf"),
+            (b"5;a\x01\r\n", "bad_chunk_extension"),
+            (b"5;a\x7f\r\n", "bad_chunk_extension"),
         ] {
             assert_eq!(
                 decode_in_pieces(input, 1).err(),
@@ -248,6 +274,14 @@ mod tests {
             decode_in_pieces(&trailers, 64).err(),
             Some(BadChunk("trailers_too_long"))
         );
+    }
+
+    #[test]
+    fn the_largest_size_that_fits_is_read() {
+        // 15 hex digits: sizes up to 2^60 - 1, far past any bound, are read as sizes.
+        let (data, done) =
+            decode_in_pieces(b"00000000000000a\r\n0123456789\r\n0\r\n\r\n", 7).unwrap();
+        assert_eq!((&data[..], done), (&b"0123456789"[..], true));
     }
 
     #[test]
