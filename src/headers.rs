@@ -49,16 +49,18 @@ fn connection_listed(headers: &HeaderMap) -> Vec<HeaderName> {
         .collect()
 }
 
-/// Drops hop-by-hop headers (and those `extra_skip` names) in place. Nothing is
-/// allocated: each pass finds one name to drop, and a request has few.
+/// Drops hop-by-hop headers (and those `extra_skip` names) in place. One pass finds the
+/// names to drop (on the stack: a request has few), then each is removed; nothing is
+/// allocated unless the request lists names in `Connection`.
 pub(crate) fn keep_end_to_end(headers: &mut HeaderMap, extra_skip: impl Fn(&HeaderName) -> bool) {
     let listed = connection_listed(headers);
-    while let Some(name) = headers
+    let drop: smallvec::SmallVec<[HeaderName; 8]> = headers
         .keys()
-        .find(|n| is_hop_by_hop(n) || listed.contains(n) || extra_skip(n))
+        .filter(|n| is_hop_by_hop(n) || listed.contains(n) || extra_skip(n))
         .cloned()
-    {
-        headers.remove(&name);
+        .collect();
+    for name in &drop {
+        headers.remove(name);
     }
 }
 

@@ -216,7 +216,7 @@ fn requests<RB: hyper::body::Body + Send + 'static>(
     let activity = activity.clone();
     service_fn(move |req| {
         let guard = activity.begin();
-        let answer = stack.clone().oneshot(req);
+        let answer = call_ready(stack.clone(), req);
         // Looked at after the answer only on a connection unverified at its handshake.
         let unverified = (!verified).then(|| conn.clone());
         async move {
@@ -241,6 +241,22 @@ fn requests<RB: hyper::body::Body + Send + 'static>(
             Ok::<_, Infallible>(resp.map(|body| Held::new(body, guard)))
         }
     })
+}
+
+/// `svc` called at once when it is ready, as the gateway's stack always is (its steps
+/// admit or refuse in `call`); otherwise through `oneshot`, which waits for readiness.
+/// `oneshot` alone moved the whole request future from its waiting state into its called
+/// state on every request (a fifth of the gateway's `memcpy` under HTTP/1.1 load, perf).
+fn call_ready<S: tower::Service<R>, R>(
+    mut svc: S,
+    req: R,
+) -> futures_util::future::Either<S::Future, tower::util::Oneshot<S, R>> {
+    use futures_util::future::Either;
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match svc.poll_ready(&mut cx) {
+        std::task::Poll::Ready(Ok(())) => Either::Left(svc.call(req)),
+        _ => Either::Right(svc.oneshot(req)),
+    }
 }
 
 /// A connection that ended with an error: malformed HTTP is counted by reason and
@@ -506,5 +522,45 @@ impl Wake for Signal {
     fn wake_by_ref(self: &Arc<Self>) {
         self.woken.store(true, Ordering::Release);
         self.task.wake();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::{Context, Poll};
+
+    /// A service not ready at its first `poll_ready`, then ready: counts its calls.
+    #[derive(Clone, Default)]
+    struct Slow {
+        polled: usize,
+    }
+
+    impl tower::Service<u8> for Slow {
+        type Response = u8;
+        type Error = std::convert::Infallible;
+        type Future = std::future::Ready<Result<u8, Self::Error>>;
+        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            self.polled += 1;
+            if self.polled == 1 {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, req: u8) -> Self::Future {
+            assert!(self.polled > 1, "called before it was ready");
+            std::future::ready(Ok(req + 1))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_service_not_ready_is_called_once_it_is() {
+        let answer = super::call_ready(Slow::default(), 41);
+        assert!(matches!(answer, futures_util::future::Either::Right(_)));
+        assert_eq!(answer.await.unwrap(), 42);
+        let ready = Slow { polled: 1 };
+        let answer = super::call_ready(ready, 1);
+        assert!(matches!(answer, futures_util::future::Either::Left(_)));
+        assert_eq!(answer.await.unwrap(), 2);
     }
 }

@@ -71,6 +71,11 @@ pub(crate) struct Limits {
 /// The most header fields any configuration allows: the parse's slots are on the stack.
 pub(crate) const MAX_HEADERS: usize = 256;
 
+/// The end of a head, its searcher made once (`memmem::find` makes one per call: 0.2% of
+/// the gateway's time under HTTP/1.1 load, perf).
+static HEAD_END: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\r\n\r\n"));
+
 /// Reads a head off the front of `buf`: `Ok(None)` until it is whole (then its bytes are
 /// taken off `buf`), refused as soon as it cannot be a valid head, or is over the limits.
 /// `scanned` is how much of `buf` earlier calls looked at (0 for a new head): a head
@@ -89,7 +94,8 @@ pub(crate) fn parse(
         bytes::Buf::advance(buf, empty * 2);
         *scanned = scanned.saturating_sub(empty * 2);
     }
-    let end = memchr::memmem::find(&buf[scanned.saturating_sub(3)..], b"\r\n\r\n")
+    let end = HEAD_END
+        .find(&buf[scanned.saturating_sub(3)..])
         .map(|at| scanned.saturating_sub(3) + at + 4);
     // A line ending in a bare LF, within this head (what follows it is the body's, or
     // the next head's): httparse would take it; a reader that does not would see one
