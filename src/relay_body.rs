@@ -100,10 +100,14 @@ pub(crate) struct SseTail {
 pub(crate) struct Relayed<B, G = ()> {
     body: Option<B>,
     idle: Duration,
-    /// The end of the current pause's bound; the timer is made only when a pause
-    /// begins (a body whose frames are there when asked, such as a whole `rpc` answer,
-    /// never needs one), then moved.
-    deadline: Instant,
+    /// The end of the current pause's bound, set when the pause begins (the first poll
+    /// that finds no frame after one that found one) and cleared by the next frame: a
+    /// body whose frames are there when asked, such as a whole `rpc` answer, never
+    /// reads the clock for it. The timer is made only when a pause first begins, then
+    /// moved. A pause counts from when the gateway asked the Partner for more, so the
+    /// time a slow client took to read the frame before is not counted against the
+    /// Partner.
+    deadline: Option<Instant>,
     timer: Option<Pin<Box<Sleep>>>,
     sse: Option<(SseTail, EventCounter)>,
     held: Option<G>,
@@ -115,7 +119,7 @@ impl<B, G> Relayed<B, G> {
         Relayed {
             body: Some(body),
             idle,
-            deadline: Instant::now() + idle,
+            deadline: None,
             timer: None,
             sse: sse.map(|t| (t, EventCounter::default())),
             held: Some(held),
@@ -172,7 +176,7 @@ where
         };
         match Pin::new(body).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                this.deadline = Instant::now() + this.idle;
+                this.deadline = None;
                 if let (Some((tail, counter)), Some(data)) = (&mut this.sse, frame.data_ref()) {
                     let n = counter.feed(data);
                     if n > 0 {
@@ -197,7 +201,8 @@ where
                 Poll::Ready(None)
             }
             Poll::Pending => {
-                let deadline = this.deadline;
+                let idle = this.idle;
+                let deadline = *this.deadline.get_or_insert_with(|| Instant::now() + idle);
                 let timer = this
                     .timer
                     .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
@@ -295,6 +300,22 @@ mod tests {
             Some(&RelayError::IdleTimeout)
         );
         assert!(b.frame().await.is_none());
+    }
+
+    /// A client slow to take a frame (its connection full, say) does not use up the
+    /// Partner's idle bound: a pause counts from when the gateway asks for more.
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_reader_does_not_spend_the_partners_idle_bound() {
+        let mut b = Relayed::new(stalled(b"{\"partial\":"), Duration::from_secs(30), None, ());
+        assert!(b.frame().await.unwrap().is_ok());
+        tokio::time::advance(Duration::from_secs(45)).await;
+        let t0 = Instant::now();
+        let err = b.frame().await.unwrap().unwrap_err();
+        assert_eq!(t0.elapsed(), Duration::from_secs(30));
+        assert_eq!(
+            err.downcast_ref::<RelayError>(),
+            Some(&RelayError::IdleTimeout)
+        );
     }
 
     #[test]
