@@ -124,15 +124,19 @@ def free_port():
     return port
 
 
+# A command the proxies are started under (--instructions: valgrind), empty otherwise.
+WRAP = []
+
+
 class Proc:
     """A started server, pinned to a core; `cpu()` is its user+system seconds."""
 
-    def __init__(self, name, argv, cpu, log_dir, wait_port=None, stdin=None):
+    def __init__(self, name, argv, cpu, log_dir, wait_port=None, stdin=None, start_wait=10):
         self.name = name
         self.prefix = "/aip"
         log = open(log_dir / f"{name}.log", "w")
         self.p = subprocess.Popen(
-            ["taskset", "-c", cpu] + argv,
+            ["taskset", "-c", cpu] + WRAP + argv,
             stdout=subprocess.PIPE if wait_port is None else log,
             stderr=log,
             stdin=stdin,
@@ -145,7 +149,7 @@ class Proc:
                 die(f"{name} did not start (see {log_dir / (name + '.log')})")
             self.port = int(line.rsplit(":", 1)[1])
         else:
-            wait_listening(wait_port, name, log_dir)
+            wait_listening(wait_port, name, log_dir, start_wait)
 
     def cpu(self):
         user, system = self.times()
@@ -156,22 +160,23 @@ class Proc:
         fields = Path(f"/proc/{self.p.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
 
-    def stop(self):
+    def stop(self, wait=5):
         front = getattr(self, "front", None)
         if front is not None:
             front.stop()
         if self.p.poll() is None:
             self.p.send_signal(signal.SIGTERM)
             try:
-                self.p.wait(5)
+                self.p.wait(wait)
             except subprocess.TimeoutExpired:
                 self.p.kill()
 
 
-def wait_listening(port, name, log_dir):
+def wait_listening(port, name, log_dir, seconds=10):
     import socket
 
-    for _ in range(100):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
         try:
             socket.create_connection(("127.0.0.1", port), 0.2).close()
             return
@@ -380,7 +385,7 @@ HAPROXY_SCALING = {
 }
 
 
-def start_proxy(name, binary, d, backend, resumption, extra=""):
+def start_proxy(name, binary, d, backend, resumption, extra="", start_wait=10):
     port = free_port()
     if name in HAPROXY_SCALING:
         cpus, threads = HAPROXY_SCALING[name]
@@ -392,10 +397,10 @@ def start_proxy(name, binary, d, backend, resumption, extra=""):
         return Proc(name, [binary, "run", "--config", str(config)], cpus, d, wait_port=port)
     if name == "nginx":
         argv = [tool("nginx"), "-c", str(nginx_config(d, port, backend, resumption))]
-        return Proc(name, argv, PROXY_CPU, d, wait_port=port)
+        return Proc(name, argv, PROXY_CPU, d, wait_port=port, start_wait=start_wait)
     if name == "haproxy":
         argv = [tool("haproxy"), "-db", "-f", str(haproxy_config(d, port, backend, resumption))]
-        return Proc(name, argv, PROXY_CPU, d, wait_port=port)
+        return Proc(name, argv, PROXY_CPU, d, wait_port=port, start_wait=start_wait)
     if name == "bare":
         argv = [
             str(RELEASE / "examples" / "bare_proxy"),
@@ -404,10 +409,10 @@ def start_proxy(name, binary, d, backend, resumption, extra=""):
             "--cert", str(d / "gateway.pem"), "--key", str(d / "gateway.key"),
             "--ca", str(d / "ca.pem"), "--crl", str(d / "crl.pem"),
         ] + ([] if resumption else ["--no-resumption"])
-        return Proc(name, argv, PROXY_CPU, d)
+        return Proc(name, argv, PROXY_CPU, d, start_wait=start_wait)
     if isinstance(extra, Front):
         config = aipgw_config(d, port, backend, resumption, extra.gateway_toml())
-        proc = Proc(name, [binary, "run", "--config", str(config)], PROXY_CPU, d, wait_port=port)
+        proc = Proc(name, [binary, "run", "--config", str(config)], PROXY_CPU, d, wait_port=port, start_wait=start_wait)
         front_port = free_port()
         argv = [tool("haproxy"), "-db", "-f", str(front_config(d, front_port, port, extra.v2))]
         proc.front = Proc(f"{name}-front", argv, LOAD_CPU, d, wait_port=front_port)
@@ -416,11 +421,11 @@ def start_proxy(name, binary, d, backend, resumption, extra=""):
         return proc
     if isinstance(extra, Fleet):
         config = aipgw_config(d, port, backend, resumption, extra.extra, fleet=extra)
-        proc = Proc(name, [binary, "run", "--config", str(config)], PROXY_CPU, d, wait_port=port)
+        proc = Proc(name, [binary, "run", "--config", str(config)], PROXY_CPU, d, wait_port=port, start_wait=start_wait)
         proc.prefix = extra.prefix
         return proc
     config = aipgw_config(d, port, backend, resumption, extra)
-    proc = Proc(name, [binary, "run", "--config", str(config)], PROXY_CPU, d, wait_port=port)
+    proc = Proc(name, [binary, "run", "--config", str(config)], PROXY_CPU, d, wait_port=port, start_wait=start_wait)
     proc.config = config
     return proc
 
@@ -816,13 +821,18 @@ def main():
                     "for issue 34's figure with more rounds in the same time")
     ap.add_argument("--idle", type=int, default=0, help="N held idle keep-alive mTLS connections per proxy: "
                     "RSS per held connection (after one request each)")
+    ap.add_argument("--instructions", type=int, default=0, help="N: user-space instructions per keep-alive request "
+                    "for every proxy, counted by valgrind (callgrind) over N and 3N requests (benches/load/instructions.py); "
+                    "with --http1/--http2 (default both)")
     ap.add_argument("--idle-settle", type=float, default=3.0, help="seconds the connections are held idle before the RSS is read (--idle)")
     args = ap.parse_args()
     global RATE
     RATE = args.rate
     modes = [m for m in ("http1", "http2", "handshake", "resume", "sse") if getattr(args, m)]
     fleets = [(k, getattr(args, k)) for k in ("routes", "access") if getattr(args, k)]
-    modes = modes or ([] if fleets or args.proxy_protocol or args.idle else ["http1", "http2"])
+    if args.instructions:
+        counted, modes = modes or ["http1", "http2"], []
+    modes = modes or ([] if fleets or args.proxy_protocol or args.idle or args.instructions else ["http1", "http2"])
     ensure_tools(args.install)
     if not args.no_build:
         subprocess.run(
@@ -859,6 +869,11 @@ def main():
                 report(mode, run_mode(mode, proxies, d, backend.port, args), args.events)
             if args.idle:
                 run_idle(proxies, d, backend.port, args)
+            if args.instructions:
+                import instructions
+
+                counts = instructions.count(sys.modules[__name__], proxies, d, backend.port, args.instructions, counted)
+                instructions.report(counts, args.instructions)
             for kind, ns in fleets:
                 gateways = [(f"{label} {kind}", b, e) for label, b, e in proxies
                             if b is not None and not isinstance(e, Fleet)]
