@@ -30,6 +30,11 @@ target), every prefix `/aip/pNNNNN`, the load sent to the last;
 --access 10,1000,100000: the target Partner's `[partner.access]` with N allow prefixes
 (the Leader's agent serial last) and N deny prefixes that do not match.
 
+--instructions N (issue 33): user-space instructions per keep-alive request for every
+proxy, counted under valgrind (callgrind) over N and then 3N requests sent one at a
+time, the serving thread's difference divided by 2N: a figure the machine's load does not
+move (benches/load/instructions.py). CALLGRIND_KEEP=DIR keeps the callgrind files.
+
 --idle N (issue 33): memory per held idle keep-alive mTLS connection, for every proxy:
 N HTTP/1.1 connections opened, one `rpc` answered on each, all held idle; the proxy's
 RSS before and --idle-settle seconds after (past the gateway's
