@@ -253,14 +253,13 @@ impl AccessLog {
         let m = &self.metrics;
         // The Partner's own series, or `other` beyond `admin.partner_metrics`.
         let label = m.partner_label(l.partner.as_deref());
-        let request = crate::metrics::RequestLabels {
-            partner: label.clone(),
+        m.count_request(&crate::metrics::Finished {
+            partner: &label,
             method,
             status: self.status,
             code,
-        };
-        m.partner_series(&m.requests, &label, &request, |c| {
-            c.inc();
+            total: total.as_secs_f64(),
+            upstream: l.upstream.map(|up| up.as_secs_f64()),
         });
         if let Some(e) = ending.filter(|e| e.count_upstream) {
             m.upstream_error(partner, e.reason);
@@ -273,18 +272,6 @@ impl AccessLog {
             };
             m.partner_series(&m.streams_ended, &label, &ended, |c| {
                 c.inc();
-            });
-        }
-        let route = crate::metrics::RouteLabels {
-            partner: label.clone(),
-            method,
-        };
-        m.partner_series(&m.request_seconds, &label, &route, |h| {
-            h.observe(total.as_secs_f64())
-        });
-        if let Some(up) = l.upstream {
-            m.partner_series(&m.upstream_seconds, &label, &route, |h| {
-                h.observe(up.as_secs_f64())
             });
         }
     }

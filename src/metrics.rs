@@ -9,11 +9,13 @@
 
 pub(crate) mod audit;
 mod partners;
+mod request_series;
 pub(crate) mod revocation;
 pub(crate) mod tls;
 
 pub use partners::PartnerMetrics;
 use partners::OTHER;
+pub(crate) use request_series::Finished;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

@@ -116,9 +116,20 @@ pub(crate) struct PartnerSeries {
     made: Mutex<HashMap<Arc<str>, Vec<Remove>>>,
     other: Arc<str>,
     none: Arc<str>,
+    /// Which binding of which metrics this is: a number no other binding of any
+    /// `PartnerSeries` in the process has had, taken anew by each
+    /// [`PartnerSeries::rebind`]. What a thread remembers of the series
+    /// (`super::request_series`) is for one generation.
+    generation: std::sync::atomic::AtomicU64,
 }
 
 use crate::sync::lock;
+
+/// A generation no binding has had yet.
+fn next_generation() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
 
 impl PartnerSeries {
     /// No Partner has series of its own until [`PartnerSeries::rebind`].
@@ -128,7 +139,13 @@ impl PartnerSeries {
             made: Mutex::new(HashMap::new()),
             other: OTHER.into(),
             none: "".into(),
+            generation: next_generation().into(),
         }
+    }
+
+    /// The current binding's generation (see the field).
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The `partner` label of a request's series: its Partner's name when it has series
@@ -211,6 +228,10 @@ impl PartnerSeries {
                 remove();
             }
         }
+        // After the removals: a thread that sees the new generation forgets the series
+        // it remembered, those just removed among them.
+        self.generation
+            .store(next_generation(), std::sync::atomic::Ordering::Release);
     }
 }
 
