@@ -171,8 +171,8 @@ pub(crate) fn parse_head_into(
     headers.reserve(spans.len() + 1);
     let mut framing = FramingFields::new(version);
     for (n, nl, v, vl) in spans {
-        let name =
-            HeaderName::from_bytes(&head[n..n + nl]).map_err(|_| WireError::Head("field name"))?;
+        let name = crate::headers::name_from_wire(&head[n..n + nl])
+            .map_err(|_| WireError::Head("field name"))?;
         let value = HeaderValue::from_maybe_shared(head.slice(v..v + vl))
             .map_err(|_| WireError::Head("field value"))?;
         framing.see(&name, &value)?;

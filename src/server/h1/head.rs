@@ -12,7 +12,7 @@
 //! cleared.
 
 use bytes::BytesMut;
-use http::header::{HeaderName, HeaderValue};
+use http::header::HeaderValue;
 use http::{HeaderMap, Method, Uri, Version};
 
 /// How the request's body is framed.
@@ -149,8 +149,8 @@ pub(crate) fn parse(
     let mut expect_continue = false;
     let mut host: &[u8] = b"";
     for h in req.headers.iter() {
-        let name =
-            HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| Refused::bad("bad_header"))?;
+        let name = crate::headers::name_from_wire(h.name.as_bytes())
+            .map_err(|_| Refused::bad("bad_header"))?;
         let raw = h.value;
         if name == http::header::CONTENT_LENGTH {
             lengths = lengths.saturating_add(1);
