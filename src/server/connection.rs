@@ -246,7 +246,7 @@ fn requests<RB: hyper::body::Body + Send + 'static>(
 /// `svc` called at once when it is ready, as the gateway's stack always is (its steps
 /// admit or refuse in `call`); otherwise through `oneshot`, which waits for readiness.
 /// `oneshot` alone moved the whole request future from its waiting state into its called
-/// state on every request (a fifth of the gateway's `memcpy` under HTTP/1.1 load, perf).
+/// state on every request (a sixth of the gateway's `memcpy` under HTTP/1.1 load, perf).
 fn call_ready<S: tower::Service<R>, R>(
     mut svc: S,
     req: R,
