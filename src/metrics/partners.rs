@@ -118,8 +118,8 @@ pub(crate) struct PartnerSeries {
     none: Arc<str>,
     /// Which binding of which metrics this is: a number no other binding of any
     /// `PartnerSeries` in the process has had, taken anew by each
-    /// [`PartnerSeries::rebind`]. What a thread remembers of the series
-    /// (`super::request_series`) is for one generation.
+    /// [`PartnerSeries::rebind`]. What a thread remembers of the series (the request
+    /// series cache beside this module) is for one generation.
     generation: std::sync::atomic::AtomicU64,
 }
 
