@@ -90,18 +90,13 @@ impl Metrics {
                 let Some(s) = m.series.get_mut(&key) else {
                     return false;
                 };
-                let upstream = match (r.upstream, &s.upstream) {
-                    (None, _) => None,
-                    (Some(up), Some(h)) => {
-                        h.observe(up);
-                        None
-                    }
-                    (Some(up), None) => Some(up),
-                };
                 s.requests.inc();
                 s.seconds.observe(r.total);
-                if let Some(up) = upstream {
-                    s.upstream = self.upstream_series(r, up);
+                if let Some(up) = r.upstream {
+                    match &s.upstream {
+                        Some(h) => h.observe(up),
+                        None => s.upstream = self.upstream_series(r, up),
+                    }
                 }
                 true
             })

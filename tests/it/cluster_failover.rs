@@ -61,7 +61,7 @@ fn caught_up(master: &Node, replica: &Node) -> bool {
 
 /// Whether `replica` holds `key` (asked on a `READONLY` connection).
 fn replica_has(replica: &Node, key: &str) -> bool {
-    replica_exists(replica, key) == Ok(1)
+    replica_query(replica, &["EXISTS", key]) == Ok(redis::Value::Int(1))
 }
 
 /// A command asked of `replica` on a `READONLY` connection.
@@ -74,14 +74,6 @@ fn replica_query(replica: &Node, args: &[&str]) -> redis::RedisResult<redis::Val
         cmd.arg(*a);
     }
     cmd.query(&mut c)
-}
-
-/// `EXISTS key` asked of `replica` on a `READONLY` connection.
-fn replica_exists(replica: &Node, key: &str) -> redis::RedisResult<i64> {
-    let client = redis::Client::open(replica.url())?;
-    let mut c = client.get_connection_with_timeout(Duration::from_secs(1))?;
-    redis::cmd("READONLY").query::<()>(&mut c)?;
-    redis::cmd("EXISTS").arg(key).query::<i64>(&mut c)
 }
 
 /// The first name `prefix<i>` whose key (made by `key`) lives on node `on`.
@@ -212,7 +204,7 @@ async fn a_master_killed_under_load() {
                 replication(rep, "master_link_status"),
                 master.cmd(&["EXISTS", &meta]).ok(),
                 master.cmd(&["PTTL", &meta]).ok(),
-                replica_exists(rep, &meta),
+                replica_query(rep, &["EXISTS", &meta]),
                 replica_query(rep, &["PTTL", &meta]),
                 replica_query(rep, &["EXISTS", &events]),
                 replica_query(rep, &["DBSIZE"]),
