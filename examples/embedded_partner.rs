@@ -81,7 +81,9 @@ where
             let Ok(tls) = TlsAcceptor::from(snap.tls.config.clone()).accept(tcp).await else {
                 return;
             };
-            let conn = Arc::new(ConnInfo::accepted(peer, tls.get_ref().1, &snap));
+            let session = tls.get_ref().1;
+            let sni = session.server_name();
+            let conn = Arc::new(ConnInfo::accepted(peer, session, sni, &snap));
             let stack = layers::embedded(gateway, conn, handler);
             let svc = service_fn(move |req| stack.clone().oneshot(req));
             let _ = auto::Builder::new(TokioExecutor::new())

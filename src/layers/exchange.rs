@@ -65,7 +65,8 @@ impl ConnInfo {
     /// embedding the request path behind its own rustls acceptor alike.
     pub fn accepted(
         peer: SocketAddr,
-        session: &rustls::ServerConnection,
+        session: &rustls::CommonState,
+        server_name: Option<&str>,
         snap: &Snapshot,
     ) -> ConnInfo {
         // A full strict handshake has just verified the chain with these very settings; a
@@ -105,7 +106,7 @@ impl ConnInfo {
         }
         ConnInfo {
             tls: crate::tls::provider::negotiated(session),
-            ..ConnInfo::new(peer, identity, session.server_name().map(str::to_owned))
+            ..ConnInfo::new(peer, identity, server_name.map(str::to_owned))
         }
     }
 }

@@ -44,9 +44,9 @@ pub(super) async fn serve_connection(
         return;
     };
     drop(counted.handshake);
-    let (_, session) = tls.get_ref();
+    let session = tls.session();
     let h2 = session.alpn_protocol() == Some(b"h2".as_slice());
-    let conn = Arc::new(ConnInfo::accepted(peer, session, &snap));
+    let conn = Arc::new(ConnInfo::accepted(peer, session, tls.server_name(), &snap));
     drop(snap);
     let aic = match conn.identity.last() {
         ConnAuth::Verified(id) => Some(id.aic),
@@ -135,14 +135,14 @@ async fn handshake(
     peer: SocketAddr,
     snap: &crate::gateway::Snapshot,
     deadline: Instant,
-) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
-    let acceptor = TlsAcceptor::from(snap.tls.config.clone());
+) -> Option<crate::tls::stream::ServerStream> {
     let failed = |reason| {
         let labels = ReasonLabels { reason };
         snap.metrics.handshake_failures.get_or_create(&labels).inc();
         None
     };
-    let tls = match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
+    let accepting = crate::tls::accept::accept(tcp, snap.tls.config.clone());
+    let tls = match tokio::time::timeout_at(deadline, accepting).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) if no_shared_group(&e) => {
             // In the access log, beside the malformed HTTP refused: an operator restricting
@@ -165,7 +165,7 @@ async fn handshake(
             return failed("timeout");
         }
     };
-    let kind = match tls.get_ref().1.handshake_kind() {
+    let kind = match tls.session().handshake_kind() {
         Some(rustls::HandshakeKind::Resumed) => "resumed",
         _ => "full",
     };
@@ -175,7 +175,7 @@ async fn handshake(
         .inc();
     snap.metrics
         .handshake_groups
-        .count("listener", tls.get_ref().1);
+        .count("listener", tls.session());
     Some(tls)
 }
 

@@ -30,7 +30,6 @@ use hyper_util::server::graceful::GracefulConnection;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
-use tokio_rustls::TlsAcceptor;
 
 use tower::ServiceExt;
 

@@ -71,11 +71,18 @@ const WRITE_HIGH: usize = 64 * 1024;
 /// bytes to read without being given a buffer (waited on while released).
 pub(crate) trait Io: AsyncRead + AsyncWrite + Unpin {
     fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<()>;
+
+    /// Idle: lets go of the buffers below the connection's own that hold nothing.
+    fn release(&mut self) {}
 }
 
-impl Io for tokio_rustls::server::TlsStream<tokio::net::TcpStream> {
+impl Io for crate::tls::stream::ServerStream {
     fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<()> {
-        self.get_ref().0.poll_read_ready(cx).map(|_| ())
+        self.tcp().poll_read_ready(cx).map(|_| ())
+    }
+
+    fn release(&mut self) {
+        crate::tls::stream::ServerStream::release(self);
     }
 }
 
@@ -340,8 +347,9 @@ impl<I: Io, S: Serve> Conn<I, S> {
         if self.released.is_some() {
             if polled.is_pending() {
                 // Woken with nothing to read after all (TLS bytes that made no
-                // plaintext yet are rustls's to keep): still released.
+                // plaintext yet are kept below): still released.
                 self.read = BytesMut::new();
+                self.io.release();
             } else {
                 self.released = None;
             }
@@ -397,6 +405,7 @@ impl<I: Io, S: Serve> Conn<I, S> {
 
     /// Lets the buffers and the request state go while idle.
     fn release(&mut self) {
+        self.io.release();
         self.read = BytesMut::new();
         self.write = Vec::new();
         self.headers = None;
@@ -572,6 +581,16 @@ impl<I: Io, S: Serve> Conn<I, S> {
         if !self.write.is_empty() {
             ready!(self.poll_write_out(cx))?;
             ready!(self.poll_flush_out(cx))?;
+        }
+        if matches!(self.left, Left::Done) {
+            // All of the body is framed already (today the body asks no more once it has
+            // ended or failed, so this is not reached): it ends here, and the bytes after
+            // it are the next head's, read under the head's bound, not the body's.
+            let mut slot = lock(&shared);
+            slot.ended = true;
+            slot.wanted = false;
+            wake_elsewhere(&mut slot, cx);
+            return Poll::Ready(Ok(true));
         }
         loop {
             let decoded = self.left.next(&mut self.read);
