@@ -105,8 +105,16 @@ impl Drop for Node {
 }
 
 /// Starts `redis-server` on `port` with `extra` arguments, in `dir`.
+///
+/// Each node has its own snapshot file: a replica's full sync renames the file it
+/// received to `dir/dbfilename` and then loads it, so on one shared `dump.rdb` replicas
+/// syncing at once (their masters' sync delays start together at the cluster's creation)
+/// loaded each other's data, and a replica then held another shard's keys at its own
+/// master's offset. A replica deletes the file once loaded (persistence is off), so a node
+/// restarted by `restart_empty` starts empty.
 fn spawn(dir: &std::path::Path, port: u16, extra: &[&str]) -> Node {
     let p = port.to_string();
+    let rdb = format!("dump-{port}.rdb");
     let child = Command::new("redis-server")
         .args([
             "--bind",
@@ -117,6 +125,10 @@ fn spawn(dir: &std::path::Path, port: u16, extra: &[&str]) -> Node {
             "",
             "--appendonly",
             "no",
+            "--dbfilename",
+            &rdb,
+            "--rdb-del-sync-files",
+            "yes",
         ])
         .arg("--dir")
         .arg(dir)
