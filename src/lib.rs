@@ -8,7 +8,9 @@
 //! ## The request flow
 //! ```text
 //! server      accept (connection cap) -> a worker (workers: the least loaded core) ->
-//!             TLS 1.3 handshake (timeout) -> identity once per
+//!             TLS 1.3 handshake (timeout; tls::accept, then tls::stream: rustls's
+//!             unbuffered connection over record buffers the gateway owns and lets go
+//!             while the connection is idle) -> identity once per
 //!             connection (layers::ConnInfo::accepted) -> HTTP/1.1 (the gateway's
 //!             own server, server::h1) or HTTP/2 (hyper) by ALPN
 //! layers      per request, one tower stack (layers::stack, one ServiceBuilder):
@@ -49,7 +51,8 @@
 //!   order after the drain: the replay writer flushed, then the loops, then the services.
 //! - [`workers`]: one single-threaded runtime per core; a connection, its requests and
 //!   the Partner connections they use stay on one worker.
-//! - `tls`: rustls server config (deferred or strict client verification), upstream
+//! - `tls`: rustls server config (deferred or strict client verification), a Leader's
+//!   TLS stream (`tls::stream`, on rustls's unbuffered API), upstream
 //!   client config (Partner CA, gateway client cert, Partner AIC pinning), PEM loading.
 //! - [`identity`]: AIC format and check code; certificate -> AIC (pure functions).
 //! - [`jsonrpc`]: borrowed envelope parse, method/command vocabulary, error bodies;

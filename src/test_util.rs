@@ -4,7 +4,9 @@
 //! promised to stay.
 
 pub use crate::a2a::push::find as a2a_push_urls;
-pub use crate::allocator::{flush_thread_cache, stats as heap_stats, HeapStats};
+pub use crate::allocator::{
+    flush_thread_cache, set_freed_page_decay, stats as heap_stats, HeapStats,
+};
 pub use crate::answer::{vet, AnswerLimits};
 pub use crate::metrics::{Metrics, PartnerMetrics, RequestLabels, RouteLabels};
 pub use crate::policy::tasks::{check_task, MemoryTaskOwners, TaskOwners};

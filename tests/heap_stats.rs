@@ -62,3 +62,30 @@ fn a_flushed_thread_cache_gives_back_what_it_held() {
     .join()
     .unwrap();
 }
+
+/// Issue 33: `runtime.freed_page_decay` decides how long freed pages stay resident. Set to
+/// 0, what is freed goes back at once; at jemalloc's own 10 s, it stays (the pages a burst
+/// of connections let go at their idle release were most of a held connection's RSS).
+#[test]
+fn freed_pages_go_back_as_the_decay_says() {
+    let _alone = alone();
+    use aipgw::test_util::set_freed_page_decay;
+    use std::time::Duration;
+    let freed = |decay: Duration| {
+        assert!(set_freed_page_decay(decay), "jemalloc took the decay");
+        // Large allocations (their own extents), touched, then freed.
+        let held: Vec<Vec<u8>> = (0..64).map(|i| vec![i as u8; 256 * 1024]).collect();
+        let during = heap_stats().expect("statistics").resident;
+        drop(held);
+        let after = heap_stats().expect("statistics").resident;
+        during.saturating_sub(after)
+    };
+    let kept = freed(Duration::from_secs(10));
+    let given_back = freed(Duration::ZERO);
+    set_freed_page_decay(Duration::from_secs(10));
+    assert!(kept < 4 * MIB, "at 10 s, {kept} B went back at once");
+    assert!(
+        given_back >= 12 * MIB,
+        "at 0 s, only {given_back} B went back"
+    );
+}

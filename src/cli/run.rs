@@ -36,6 +36,8 @@ pub(super) async fn run(
     let (bind, admin_bind) = (cfg.listener.bind, cfg.admin_bind);
     let (cfg_scheduler, worker_count) = (cfg.scheduler, cfg.workers());
     let cache_flush = cfg.cache_flush_interval;
+    // Before the workers start: their arenas are made with it.
+    crate::allocator::set_freed_page_decay(cfg.freed_page_decay);
     let handover_timeout = cfg.listener.handover_timeout;
     // The certificates, keys and CRLs as they are before the gateway reads them.
     let reload = cfg.source.clone().map(|p| {

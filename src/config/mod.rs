@@ -77,6 +77,9 @@ pub struct Config {
     /// How often each per-core worker flushes its allocation cache (`None`: never); read
     /// at start only.
     pub cache_flush_interval: Option<Duration>,
+    /// How long the allocator keeps freed pages before they go back to the system
+    /// (`runtime.freed_page_decay`); read at start only.
+    pub freed_page_decay: Duration,
     /// Watch files for hot reload.
     pub reload_watch: bool,
     /// Reload debounce.
@@ -407,6 +410,7 @@ impl Config {
             worker_threads: raw.runtime.worker_threads,
             scheduler: raw.runtime.scheduler,
             cache_flush_interval: Some(raw.runtime.cache_flush_interval).filter(|d| !d.is_zero()),
+            freed_page_decay: raw.runtime.freed_page_decay,
             policy: crate::policy::GlobalPolicy::try_from(&raw.policy)?,
             tasks: TaskPolicy::try_from(&raw.policy.tasks)?,
             ratelimit,

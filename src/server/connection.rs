@@ -40,7 +40,10 @@ pub(super) async fn serve_connection(
         return;
     };
     let _per_ip = counted.per_ip;
-    let Some(tls) = handshake(tcp, peer, &snap, deadline).await else {
+    // Boxed: the handshake's state (rustls's ClientHello reader, the handshake's timer)
+    // is let go with it, rather than sizing the connection's task for its whole life (a
+    // task is as large as its largest state).
+    let Some(tls) = Box::pin(handshake(tcp, peer, &snap, deadline)).await else {
         return;
     };
     drop(counted.handshake);
@@ -61,21 +64,10 @@ pub(super) async fn serve_connection(
     let stack = layers::stack(gateway, conn.clone());
     let (why, failure) = if h2 {
         let svc = requests(stack, &activity, conn, verified, h2);
-        let io = TokioIo::new(tls);
-        let mut b = http2::Builder::new(TokioExecutor::new());
-        b.timer(TokioTimer::new())
-            .max_concurrent_streams(l.http2_max_concurrent_streams)
-            .keep_alive_interval(Some(l.idle_timeout))
-            .keep_alive_timeout(l.http2_keepalive_timeout);
-        // Boxed: inline, hyper's HTTP/2 connection would size every connection's task,
-        // HTTP/1.1 ones included (a task is as large as its largest state).
-        let mut conn = Box::pin(b.serve_connection(io, svc));
-        let (why, ended) = drive(conn.as_mut(), &activity, bounds, drain).await;
-        let failure = ended.err().map(|e| Failure {
-            malformed: protocol_error(&e).map(|r| (r, 0)),
-            text: e.to_string(),
-        });
-        (why, failure)
+        // Boxed: inline, HTTP/2's state (hyper's builder, its connection's handle and the
+        // watchers over it) would size every connection's task, HTTP/1.1 ones included
+        // (a task is as large as its largest state).
+        Box::pin(serve_h2(tls, svc, &l, &activity, bounds, drain)).await
     } else {
         let svc = requests(stack, &activity, conn, verified, h2);
         let released = Some(metrics.released_connections.clone());
@@ -257,6 +249,38 @@ fn call_ready<S: tower::Service<R>, R>(
         std::task::Poll::Ready(Ok(())) => Either::Left(svc.call(req)),
         _ => Either::Right(svc.oneshot(req)),
     }
+}
+
+/// An HTTP/2 connection's requests through `svc`, under hyper's HTTP/2 server.
+async fn serve_h2<S>(
+    tls: crate::tls::stream::ServerStream,
+    svc: S,
+    l: &ConnSettings,
+    activity: &Activity,
+    bounds: Bounds,
+    drain: watch::Receiver<bool>,
+) -> (Option<Why>, Option<Failure>)
+where
+    S: hyper::service::HttpService<hyper::body::Incoming>,
+    S::ResBody: 'static,
+    <S::ResBody as hyper::body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S::Future: Send + 'static,
+    S::ResBody: Send,
+    <S::ResBody as hyper::body::Body>::Data: Send,
+{
+    let io = TokioIo::new(tls);
+    let mut b = http2::Builder::new(TokioExecutor::new());
+    b.timer(TokioTimer::new())
+        .max_concurrent_streams(l.http2_max_concurrent_streams)
+        .keep_alive_interval(Some(l.idle_timeout))
+        .keep_alive_timeout(l.http2_keepalive_timeout);
+    let conn = std::pin::pin!(b.serve_connection(io, svc));
+    let (why, ended) = drive(conn, activity, bounds, drain).await;
+    let failure = ended.err().map(|e| Failure {
+        malformed: protocol_error(&e).map(|r| (r, 0)),
+        text: e.to_string(),
+    });
+    (why, failure)
 }
 
 /// A connection that ended with an error: malformed HTTP is counted by reason and

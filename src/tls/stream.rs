@@ -119,6 +119,10 @@ pub(crate) struct ServerStream {
     eof: bool,
     /// close_notify was queued.
     close_sent: bool,
+    /// rustls has nothing to give or ask until more bytes come from the socket (its last
+    /// turn said so, and nothing was read or written since): a read goes to the socket
+    /// without turning it again.
+    settled: bool,
     /// The TLS error the connection failed with: every later read or write fails with it
     /// (rustls would read the failing record again, and queue another alert).
     broken: Option<rustls::Error>,
@@ -140,6 +144,7 @@ impl ServerStream {
             eof: false,
             close_sent: false,
             broken: None,
+            settled: false,
             server_name: None,
         }
     }
@@ -284,6 +289,7 @@ impl ServerStream {
         if incoming.is_empty() && incoming.data.len() > INCOMING_KEPT {
             *incoming = Span::default();
         }
+        self.settled = matches!(turn, Ok(Turn::NeedBytes | Turn::Writable { .. }));
         turn.map_err(|e| self.failed(e))
     }
 
@@ -329,6 +335,7 @@ impl ServerStream {
         ready!(Pin::new(&mut self.tcp).poll_read(cx, &mut buf))?;
         let n = buf.filled().len();
         self.incoming.end += n;
+        self.settled &= n == 0;
         if n == 0 {
             self.eof = true;
         }
@@ -449,7 +456,10 @@ impl AsyncRead for ServerStream {
             if this.peer_closed {
                 return Poll::Ready(Ok(()));
             }
-            let turn = this.turn(Act::Read(buf));
+            let turn = match this.settled {
+                true => Ok(Turn::NeedBytes),
+                false => this.turn(Act::Read(buf)),
+            };
             if buf.filled().len() > before && !matches!(turn, Ok(Turn::Again)) {
                 // Plaintext given: an error waits for the next read.
                 return Poll::Ready(Ok(()));

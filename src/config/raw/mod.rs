@@ -110,6 +110,10 @@ pub struct RawRuntime {
     /// after a burst can be returned while the worker is quiet; `0s` never.
     #[serde(with = "humantime_serde")]
     pub cache_flush_interval: Duration,
+    /// How long memory pages the allocator holds freed (for reuse) are kept before they
+    /// go back to the system (jemalloc's `dirty_decay_ms`, every arena); `0s` at once.
+    #[serde(with = "humantime_serde")]
+    pub freed_page_decay: Duration,
 }
 
 impl Default for RawRuntime {
@@ -118,6 +122,7 @@ impl Default for RawRuntime {
             worker_threads: 0,
             scheduler: Scheduler::default(),
             cache_flush_interval: d10s(),
+            freed_page_decay: d1s(),
         }
     }
 }
