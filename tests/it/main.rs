@@ -45,6 +45,7 @@ mod streams;
 mod support;
 mod systemd_notify;
 mod timeouts;
+mod tls_attacks;
 mod tls_groups;
 mod topology_faults;
 mod upgrade;

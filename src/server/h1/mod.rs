@@ -26,7 +26,8 @@
 //! - a body the request path did not read closes the connection after the answer,
 //!   unless all of it is already in the read buffer (then it is skipped);
 //! - idle for `listener.idle_release_after`, the connection lets go of its read and
-//!   write buffers and its request state, and takes them again when bytes arrive.
+//!   write buffers, its request state and the TLS stream's record buffers (`Io::release`),
+//!   and takes them again when bytes arrive.
 
 mod encode;
 pub(crate) mod head;
@@ -76,7 +77,7 @@ pub(crate) trait Io: AsyncRead + AsyncWrite + Unpin {
     fn release(&mut self) {}
 }
 
-impl Io for crate::tls::stream::ServerStream {
+impl Io for Box<crate::tls::stream::ServerStream> {
     fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<()> {
         self.tcp().poll_read_ready(cx).map(|_| ())
     }
