@@ -102,7 +102,7 @@ pub fn flush_thread_cache() -> bool {
 /// later. jemalloc's own default, 10 s, kept the pages a burst of connections let go at
 /// their idle release resident for that long, and longer while the gateway was quiet
 /// (decay runs as the allocator is used): after 1,000 connections opened and released,
-/// 21.5 KiB of RSS per held connection for 7.8 KiB of live heap, 11.5 KiB with 1 s
+/// 20.8 KiB of RSS per held connection for 7.8 KiB of live heap, 11.2 KiB with 1 s
 /// (`benches/README.md`). Whether jemalloc took it (nothing in a build without it).
 #[cfg(feature = "jemalloc")]
 #[expect(
