@@ -60,6 +60,53 @@ fn leader_config(pki: &Pki, h2: bool) -> rustls::ClientConfig {
     client_config(pki, vec![cert.cert_der.clone()], &cert, h2)
 }
 
+/// A Leader with [`leader_config`]'s settings.
+fn leader(pki: &Pki, h2: bool) -> Leader {
+    Leader {
+        tls: Arc::new(leader_config(pki, h2)),
+        h2,
+    }
+}
+
+/// Another connection's `rpc` (task `task`) is answered: the gateway still serves.
+async fn still_serves(pki: &Pki, gw: &TestGateway, id: &str, task: &str) {
+    let r = leader(pki, false)
+        .post(gw.addr, "/p/rpc", &rpc_start(id, LEADER_A, task))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// Writes `byte` every `every_ms` until the gateway closes the connection (what it sends
+/// meanwhile is read and dropped); how many were written.
+async fn trickle_until_closed(tcp: &mut TcpStream, byte: u8, every_ms: u64) -> usize {
+    let mut buf = [0u8; 1024];
+    let mut sent = 0;
+    loop {
+        tokio::select! {
+            r = tcp.read(&mut buf) => match r {
+                Ok(0) | Err(_) => return sent,
+                Ok(_) => {}
+            },
+            _ = tokio::time::sleep(Duration::from_millis(every_ms)) => {
+                if tcp.write_all(&[byte]).await.is_err() {
+                    return sent;
+                }
+                sent += 1;
+            }
+        }
+    }
+}
+
+/// A JSON-RPC answer of about `pad` bytes (a Partner's fixed answer lives as long as it).
+fn padded_answer(pad: usize) -> &'static str {
+    let text = format!(
+        r#"{{"jsonrpc":"2.0","id":"p","result":{{"pad":"{}"}}}}"#,
+        "x".repeat(pad)
+    );
+    Box::leak(text.into_boxed_str())
+}
+
 /// A raw HTTP/1.x POST of `body` to `path`, with `host` when given.
 fn post(path: &str, body: &str, version: &str, host: Option<&str>) -> String {
     let host = host.map_or(String::new(), |h| format!("host: {h}\r\n"));
@@ -238,25 +285,7 @@ async fn a_handshake_record_trickled_byte_by_byte_is_closed_by_the_handshake_tim
     tcp.write_all(&[0x16, 0x03, 0x01, 0x40, 0x00, 0x01, 0x00, 0x3f, 0xfc])
         .await
         .unwrap();
-    let mut sent = 9;
-    let closed = within(10, async {
-        let mut buf = [0u8; 1024];
-        loop {
-            tokio::select! {
-                r = tcp.read(&mut buf) => match r {
-                    Ok(0) | Err(_) => return,
-                    Ok(_) => {}
-                },
-                _ = tokio::time::sleep(Duration::from_millis(40)) => {
-                    if tcp.write_all(&[0]).await.is_err() {
-                        return;
-                    }
-                    sent += 1;
-                }
-            }
-        }
-    });
-    closed.await;
+    let sent = 9 + within(10, trickle_until_closed(&mut tcp, 0, 40)).await;
     let took = started.elapsed();
     assert!(
         took >= Duration::from_millis(550) && took < Duration::from_secs(3),
@@ -276,10 +305,7 @@ async fn a_partial_record_after_the_handshake_does_not_spin_and_is_closed_when_i
     // (other tests' gateways run in this process too, on threads of their own).
     let others = thread_cpu();
     let (pki, partner, gw) = gateway("idle_timeout = \"1500ms\"", "5s").await;
-    let leader = Leader {
-        tls: Arc::new(leader_config(&pki, false)),
-        h2: false,
-    };
+    let leader = leader(&pki, false);
     let mut tls = leader.connect(gw.addr).await.unwrap();
     // One request first, so the connection is fully set up (and verified).
     let body = rpc_start("1", LEADER_A, "t-partial");
@@ -295,23 +321,7 @@ async fn a_partial_record_after_the_handshake_does_not_spin_and_is_closed_when_i
     tcp.write_all(&partial).await.unwrap();
     let before = thread_cpu();
     let started = Instant::now();
-    let closed = within(10, async {
-        let mut buf = [0u8; 1024];
-        loop {
-            tokio::select! {
-                r = tcp.read(&mut buf) => match r {
-                    Ok(0) | Err(_) => return,
-                    Ok(_) => {}
-                },
-                _ = tokio::time::sleep(Duration::from_millis(20)) => {
-                    if tcp.write_all(&[0xaa]).await.is_err() {
-                        return;
-                    }
-                }
-            }
-        }
-    });
-    closed.await;
+    within(10, trickle_until_closed(tcp, 0xaa, 20)).await;
     let took = started.elapsed();
     let after = thread_cpu();
     let busiest = after
@@ -563,15 +573,7 @@ async fn a_client_certificate_chain_over_64_kib_is_refused() {
     assert!(partner.seen().is_empty(), "{refused}");
     wait_metric(&gw, TLS_ERROR, 10, |v| v == 1.0).await;
     // Others are served.
-    let ok = Leader {
-        tls: Arc::new(leader_config(&pki, false)),
-        h2: false,
-    };
-    let r = ok
-        .post(gw.addr, "/p/rpc", &rpc_start("2", LEADER_A, "t-ok"))
-        .await
-        .unwrap();
-    assert_eq!(r.status, 200, "{}", r.text());
+    still_serves(&pki, &gw, "2", "t-ok").await;
 }
 
 /// A client certificate message under rustls's 64 KiB bound sent in small records (the
@@ -872,10 +874,7 @@ async fn early_data_is_not_offered_and_requests_are_served_once() {
 async fn key_update_storms_on_a_keep_alive_connection_lose_no_answer() {
     let _shared = CPU.read().await;
     let (pki, partner, gw) = gateway("", "5s").await;
-    let leader = Leader {
-        tls: Arc::new(leader_config(&pki, false)),
-        h2: false,
-    };
+    let leader = leader(&pki, false);
     let mut tls = leader.connect(gw.addr).await.unwrap();
     for i in 0..200 {
         let updates = if i % 10 == 0 { 31 } else { 1 };
@@ -908,10 +907,7 @@ async fn key_update_storms_on_a_keep_alive_connection_lose_no_answer() {
 async fn a_client_that_half_closes_after_its_request_is_counted_closed() {
     let _shared = CPU.read().await;
     let (pki, partner, gw) = gateway("", "5s").await;
-    let leader = Leader {
-        tls: Arc::new(leader_config(&pki, false)),
-        h2: false,
-    };
+    let leader = leader(&pki, false);
     let mut tls = leader.connect(gw.addr).await.unwrap();
     let body = rpc_start("1", LEADER_A, "t-half");
     tls.write_all(post("/p/rpc", &body, "1.1", Some("localhost")).as_bytes())
@@ -922,11 +918,7 @@ async fn a_client_that_half_closes_after_its_request_is_counted_closed() {
     let _ = within(10, tls.read_to_end(&mut out)).await;
     wait_metric(&gw, OPEN, 10, |v| v == 0.0).await;
     assert!(partner.seen().len() <= 1);
-    let r = leader
-        .post(gw.addr, "/p/rpc", &rpc_start("2", LEADER_A, "t-half-2"))
-        .await
-        .unwrap();
-    assert_eq!(r.status, 200, "{}", r.text());
+    still_serves(&pki, &gw, "2", "t-half-2").await;
 }
 
 /// A client that closes an idle keep-alive connection with close_notify gets the
@@ -971,13 +963,7 @@ async fn a_client_close_notify_is_answered_with_close_notify() {
 async fn a_client_that_resets_mid_answer_is_counted_closed_and_others_are_served() {
     let _shared = CPU.read().await;
     let pki = Pki::new();
-    let big: &'static str = Box::leak(
-        format!(
-            r#"{{"jsonrpc":"2.0","id":"p","result":{{"pad":"{}"}}}}"#,
-            "x".repeat(4 << 20)
-        )
-        .into_boxed_str(),
-    );
+    let big = padded_answer(4 << 20);
     let partner = TestPartner::start(Behaviour::Fixed(big)).await;
     let partners = format!(
         "[limits]\nmax_body_bytes = 8388608\n{}",
@@ -1007,10 +993,7 @@ async fn a_client_that_resets_mid_answer_is_counted_closed_and_others_are_served
         wait_metric(&gw, OPEN, 10, |v| v == 0.0).await;
     }
     // A raw reset (SO_LINGER 0) in the middle of an HTTP/1.1 answer.
-    let leader = Leader {
-        tls: Arc::new(leader_config(&pki, false)),
-        h2: false,
-    };
+    let leader = leader(&pki, false);
     let mut tls = leader.connect(gw.addr).await.unwrap();
     let body = rpc_start("2", LEADER_A, "t-rst");
     tls.write_all(post("/p/rpc", &body, "1.1", Some("localhost")).as_bytes())
@@ -1038,23 +1021,14 @@ async fn a_client_that_resets_mid_answer_is_counted_closed_and_others_are_served
 async fn a_client_that_never_reads_its_pipelined_answers_is_closed_by_the_write_timeout() {
     let _shared = CPU.read().await;
     let pki = Pki::new();
-    let big: &'static str = Box::leak(
-        format!(
-            r#"{{"jsonrpc":"2.0","id":"p","result":{{"pad":"{}"}}}}"#,
-            "x".repeat(512 << 10)
-        )
-        .into_boxed_str(),
-    );
+    let big = padded_answer(512 << 10);
     let partner = TestPartner::start(Behaviour::Fixed(big)).await;
     let gw = start_gateway(&pki.config(
         "write_timeout = \"1s\"",
         &partner_block("p", "/p", &partner.url(), ""),
     ))
     .await;
-    let leader = Leader {
-        tls: Arc::new(leader_config(&pki, false)),
-        h2: false,
-    };
+    let leader = leader(&pki, false);
     let tls = leader.connect(gw.addr).await.unwrap();
     let mut all = String::new();
     for i in 0..64 {
@@ -1110,10 +1084,7 @@ async fn http2_large_bodies_and_many_concurrent_streams_arrive_intact() {
         partner_block("big", "/big", &large.url(), "")
     );
     let gw = start_gateway(&pki.config("", &partners)).await;
-    let leader = Leader {
-        tls: Arc::new(leader_config(&pki, true)),
-        h2: true,
-    };
+    let leader = leader(&pki, true);
     let (send, _) = leader.h2_connection(gw.addr).await;
     // 1 MiB of request body.
     let text: String = (0..(1 << 20))
