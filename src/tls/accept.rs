@@ -9,14 +9,14 @@ use std::task::{ready, Context, Poll};
 use rustls::server::Acceptor;
 use tokio::net::TcpStream;
 
-use super::stream::{connection, ServerStream};
+use super::stream::ServerStream;
 
 /// The handshake of `tcp` under `config` (the caller bounds it in time).
 pub(crate) async fn accept(
     tcp: TcpStream,
     config: Arc<rustls::ServerConfig>,
 ) -> io::Result<ServerStream> {
-    let mut stream = ServerStream::new(tcp, connection(config)?);
+    let mut stream = ServerStream::new(tcp, config)?;
     let mut hello = Hello::default();
     let name = std::future::poll_fn(|cx| hello.poll_server_name(&mut stream, cx)).await?;
     drop(hello);

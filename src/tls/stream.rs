@@ -27,7 +27,7 @@ use tokio::net::TcpStream;
 const READ_CHUNK: usize = 4 * 1024;
 /// The read buffer's bound: a handshake message of at most 64 KiB (rustls's own bound),
 /// with its records' headers.
-pub(crate) const MAX_INCOMING: usize = 0xffff + 5 * 8 + READ_CHUNK;
+const MAX_INCOMING: usize = 0xffff + 5 * 8 + READ_CHUNK;
 /// A read buffer larger than this (a handshake's, a large record's) is let go once empty.
 const INCOMING_KEPT: usize = 16 * 1024 + 256 + READ_CHUNK;
 /// Encrypted bytes the socket has not taken yet, beyond which a write waits for it.
@@ -51,6 +51,16 @@ impl Span {
 
     fn is_empty(&self) -> bool {
         self.start == self.end
+    }
+
+    /// The used span.
+    fn bytes(&self) -> &[u8] {
+        &self.data[self.start..self.end]
+    }
+
+    /// The used span, for rustls to decrypt in place.
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.data[self.start..self.end]
     }
 
     /// Drops the first `n` bytes of the used span.
@@ -131,9 +141,11 @@ pub(crate) struct ServerStream {
 }
 
 impl ServerStream {
-    /// A connection whose handshake has yet to run (`tls::accept`).
-    pub(crate) fn new(tcp: TcpStream, conn: UnbufferedServerConnection) -> ServerStream {
-        ServerStream {
+    /// A connection under `config` whose handshake has yet to run (`tls::accept`).
+    pub(crate) fn new(tcp: TcpStream, config: Arc<rustls::ServerConfig>) -> io::Result<Self> {
+        let conn = UnbufferedServerConnection::new(config)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        Ok(ServerStream {
             tcp,
             conn,
             incoming: Span::default(),
@@ -146,7 +158,7 @@ impl ServerStream {
             broken: None,
             settled: false,
             server_name: None,
-        }
+        })
     }
 
     /// The negotiated session: the peer's certificates, ALPN, the group and suite.
@@ -165,7 +177,7 @@ impl ServerStream {
 
     /// The bytes read so far and not yet taken by rustls.
     pub(super) fn unread(&self) -> &[u8] {
-        &self.incoming.data[self.incoming.start..self.incoming.end]
+        self.incoming.bytes()
     }
 
     pub(crate) fn tcp(&self) -> &TcpStream {
@@ -196,8 +208,7 @@ impl ServerStream {
             peer_closed,
             ..
         } = self;
-        let span = incoming.start..incoming.end;
-        let status = conn.process_tls_records(&mut incoming.data[span]);
+        let status = conn.process_tls_records(incoming.bytes_mut());
         let discard = status.discard;
         let turn = match status.state {
             Err(e) => Err(e),
@@ -302,8 +313,7 @@ impl ServerStream {
     /// there is exactly one, and none after it (`broken`).
     fn failed(&mut self, e: rustls::Error) -> io::Error {
         self.broken = Some(e.clone());
-        let span = self.incoming.start..self.incoming.end;
-        let status = self.conn.process_tls_records(&mut self.incoming.data[span]);
+        let status = self.conn.process_tls_records(self.incoming.bytes_mut());
         if let Ok(ConnectionState::EncodeTlsData(mut encode)) = status.state {
             // Alerts are small; one that does not fit is not sent.
             if let Ok(n) = encode.encode(self.outgoing.room(1024)) {
@@ -345,8 +355,7 @@ impl ServerStream {
     /// Writes `outgoing` to the socket until it is empty.
     pub(super) fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while !self.outgoing.is_empty() {
-            let bytes = &self.outgoing.data[self.outgoing.start..self.outgoing.end];
-            let n = ready!(Pin::new(&mut self.tcp).poll_write(cx, bytes))?;
+            let n = ready!(Pin::new(&mut self.tcp).poll_write(cx, self.outgoing.bytes()))?;
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
@@ -380,15 +389,11 @@ impl ServerStream {
         }
     }
 
-    /// Turns rustls until it has taken `act` (plaintext to encrypt, or the close_notify);
+    /// Turns rustls until it has taken `data` to encrypt (`None`: the close_notify);
     /// records it gave meanwhile are kept for the reader.
-    fn seal(&mut self, mut act: Act<'_, '_>) -> io::Result<()> {
+    fn seal(&mut self, data: Option<&[u8]>) -> io::Result<()> {
         loop {
-            let again = match &act {
-                Act::Write(data) => Act::Write(data),
-                _ => Act::CloseNotify,
-            };
-            match self.turn(std::mem::replace(&mut act, again))? {
+            match self.turn(data.map_or(Act::CloseNotify, Act::Write))? {
                 Turn::Wrote => return Ok(()),
                 Turn::Again => {}
                 Turn::NeedBytes | Turn::Writable { .. } => {
@@ -447,7 +452,7 @@ impl AsyncRead for ServerStream {
         let before = buf.filled().len();
         loop {
             if !this.plain.is_empty() {
-                let plain = &this.plain.data[this.plain.start..this.plain.end];
+                let plain = this.plain.bytes();
                 let n = plain.len().min(buf.remaining());
                 buf.put_slice(&plain[..n]);
                 this.plain.consume(n);
@@ -509,7 +514,7 @@ impl AsyncWrite for ServerStream {
         if data.is_empty() {
             return Poll::Ready(Ok(0));
         }
-        this.seal(Act::Write(data))?;
+        this.seal(Some(data))?;
         // As far as the socket takes them now; the rest at the next write or flush.
         if let Poll::Ready(Err(e)) = this.poll_send(cx) {
             return Poll::Ready(Err(e));
@@ -557,19 +562,11 @@ impl AsyncWrite for ServerStream {
         let this = self.get_mut();
         if !this.close_sent {
             this.close_sent = true;
-            this.seal(Act::CloseNotify)?;
+            this.seal(None)?;
         }
         ready!(this.poll_send(cx))?;
         Pin::new(&mut this.tcp).poll_shutdown(cx)
     }
-}
-
-/// Shared by `tls::accept` and the tests: a connection for `config`.
-pub(crate) fn connection(
-    config: Arc<rustls::ServerConfig>,
-) -> io::Result<UnbufferedServerConnection> {
-    UnbufferedServerConnection::new(config)
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
 #[cfg(all(test, feature = "dev"))]

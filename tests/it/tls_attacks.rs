@@ -683,6 +683,20 @@ impl Sealed {
         sealed.encode()
     }
 
+    /// The next whole record read from the gateway, decrypted: its type and plaintext.
+    fn next_record(&mut self) -> Option<(ContentType, Vec<u8>)> {
+        let len = usize::from(u16::from_be_bytes([*self.wire.get(3)?, *self.wire.get(4)?]));
+        if self.wire.len() < 5 + len {
+            return None;
+        }
+        let mut rec: Vec<u8> = self.wire.drain(..5 + len).collect();
+        let typ = ContentType::from(rec[0]);
+        let opaque = InboundOpaqueMessage::new(typ, ProtocolVersion::TLSv1_2, &mut rec[5..]);
+        let open = self.dec.decrypt(opaque, self.rx).unwrap();
+        self.rx += 1;
+        Some((open.typ, open.payload.to_vec()))
+    }
+
     /// Reads until one HTTP/1.x message has come; its text.
     async fn read_message(&mut self) -> String {
         loop {
@@ -690,21 +704,11 @@ impl Sealed {
                 let msg: Vec<u8> = self.plain.drain(..end).collect();
                 return String::from_utf8_lossy(&msg).into_owned();
             }
-            while self.wire.len() >= 5 {
-                let len = usize::from(u16::from_be_bytes([self.wire[3], self.wire[4]]));
-                if self.wire.len() < 5 + len {
-                    break;
-                }
-                let mut rec: Vec<u8> = self.wire.drain(..5 + len).collect();
-                let typ = ContentType::from(rec[0]);
-                let opaque =
-                    InboundOpaqueMessage::new(typ, ProtocolVersion::TLSv1_2, &mut rec[5..]);
-                let open = self.dec.decrypt(opaque, self.rx).unwrap();
-                self.rx += 1;
-                match open.typ {
-                    ContentType::ApplicationData => self.plain.extend_from_slice(open.payload),
+            while let Some((typ, payload)) = self.next_record() {
+                match typ {
+                    ContentType::ApplicationData => self.plain.extend_from_slice(&payload),
                     ContentType::Handshake => {} // a session ticket
-                    other => panic!("record of type {other:?}: {:?}", open.payload),
+                    other => panic!("record of type {other:?}: {payload:?}"),
                 }
             }
             if aipgw::test_util::http1_message_end(&self.plain).is_some() {
@@ -722,28 +726,14 @@ impl Sealed {
     }
 }
 
-/// Empty application-data records (RFC 8446 §5.1 allows them) in runs up to rustls's
-/// limit (32 in a row), and every byte of a request in its own record, cut anywhere by
-/// TCP: the requests are answered. A longer run is refused by rustls (its defence against
-/// empty-record floods, without an alert): the connection closes.
 impl Sealed {
     /// The content types of the records that come until the gateway closes.
     async fn until_closed(&mut self) -> Vec<ContentType> {
         let mut types = Vec::new();
         loop {
-            while self.wire.len() >= 5 {
-                let len = usize::from(u16::from_be_bytes([self.wire[3], self.wire[4]]));
-                if self.wire.len() < 5 + len {
-                    break;
-                }
-                let mut rec: Vec<u8> = self.wire.drain(..5 + len).collect();
-                let typ = ContentType::from(rec[0]);
-                let opaque =
-                    InboundOpaqueMessage::new(typ, ProtocolVersion::TLSv1_2, &mut rec[5..]);
-                let open = self.dec.decrypt(opaque, self.rx).unwrap();
-                self.rx += 1;
-                if open.typ != ContentType::Handshake {
-                    types.push(open.typ);
+            while let Some((typ, _)) = self.next_record() {
+                if typ != ContentType::Handshake {
+                    types.push(typ);
                 }
             }
             let mut buf = [0u8; 16 * 1024];
@@ -755,6 +745,10 @@ impl Sealed {
     }
 }
 
+/// Empty application-data records (RFC 8446 §5.1 allows them) in runs up to rustls's
+/// limit (32 in a row), and every byte of a request in its own record, cut anywhere by
+/// TCP: the requests are answered. A longer run is refused by rustls (its defence against
+/// empty-record floods, without an alert): the connection closes.
 #[tokio::test]
 async fn empty_and_one_byte_records_still_carry_requests() {
     let _shared = CPU.read().await;
